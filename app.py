@@ -1,0 +1,23 @@
+"""SwitchSD Studio.  python app.py  ->  http://127.0.0.1:7860 (offline SmolLM2-135M-Instruct by default)."""
+from __future__ import annotations
+
+import argparse
+
+from app.studio import Resources, build_demo
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default=None, help="HF id or local folder (default: offline SmolLM2-135M-Instruct)")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--host", default="127.0.0.1", help="bind address (default: localhost only)")
+    ap.add_argument("--port", type=int, default=7860)
+    ap.add_argument("--share", action="store_true", help="create a public Gradio link")
+    args = ap.parse_args(argv)
+    demo = build_demo(Resources(model_name=args.model, dtype=args.dtype, device=args.device))
+    demo.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, share=args.share)
+
+
+if __name__ == "__main__":
+    main()

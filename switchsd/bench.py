@@ -1,0 +1,146 @@
+"""Side-by-side benchmark: every method on the same prompts, in one process, after a warm-up.
+
+    python -m switchsd.bench --dataset humaneval --limit 10 --methods vanilla,pld,copyspec,copy \
+        --max-new-tokens 128 --out runs/humaneval
+
+Methods run prompt by prompt, interleaved (so slow drifts of the machine hit all methods alike).
+Reported per method: Tok/s as the mean of per-prompt rates (Spec-Bench) and as total tokens / total time,
+speedup = mean Tok/s over vanilla's, tau (tokens per target forward, bonus included), per path % of
+iterations and MAL (accepted draft tokens per step), and how many outputs are identical to vanilla.
+Writes results.json and table.md to --out; the LAST printed line is a one-line JSON summary.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .cli_common import add_decode_args, add_model_args, build_engine, copy_config, engine_config, load, \
+    resolve_budget
+from .datasets import DATASETS, load_prompts
+from .events import summarize
+from .methods import METHODS
+
+
+def aggregate(records: list[dict], vanilla_ids: dict) -> dict:
+    """Records of one method -> its summary row."""
+    rates = [r["stats"]["tok_s"] for r in records]
+    tokens = sum(r["stats"]["new_tokens"] for r in records)
+    wall = sum(r["stats"]["wall_s"] for r in records)
+    steps = sum(r["stats"]["steps"] for r in records)
+    paths: dict[str, dict] = {}
+    for r in records:
+        for name, p in r["stats"]["paths"].items():
+            a = paths.setdefault(name, {"steps": 0, "accepted": 0})
+            a["steps"] += p["steps"]
+            a["accepted"] += p["accepted"]
+    return {
+        "tok_s": statistics.mean(rates) if rates else 0.0,
+        "tok_s_total": tokens / wall if wall else 0.0,
+        "tau": tokens / steps if steps else 0.0,
+        "new_tokens": tokens,
+        "identical": sum(r["token_ids"] == vanilla_ids[r["id"]] for r in records),
+        "n": len(records),
+        "paths": {k: {"pct": 100.0 * v["steps"] / steps, "mal": v["accepted"] / v["steps"]}
+                  for k, v in sorted(paths.items())},
+    }
+
+
+def table(summary: dict) -> str:
+    rows = ["| method | Tok/s (mean) | Tok/s (total) | speedup | tau | paths: % iters / MAL | identical |",
+            "|---|---|---|---|---|---|---|"]
+    for m, s in summary.items():
+        paths = ", ".join(f"{k} {v['pct']:.1f}% / {v['mal']:.2f}" for k, v in s["paths"].items())
+        rows.append(f"| {m} | {s['tok_s']:.2f} | {s['tok_s_total']:.2f} | {s['speedup']:.2f}x | {s['tau']:.2f} | "
+                    f"{paths} | {s['identical']}/{s['n']} |")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", required=True, choices=DATASETS)
+    ap.add_argument("--data-file", default=None, help="JSONL file (required for --dataset jsonl)")
+    ap.add_argument("--category", default=None, help="specbench: keep one category")
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--methods", default="vanilla,pld,copyspec,copy")
+    ap.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    ap.add_argument("--warmup", type=int, default=1, help="warm-up generations per method before timing")
+    ap.add_argument("--out", default="runs/bench")
+    add_model_args(ap)
+    add_decode_args(ap)
+    args = ap.parse_args(argv)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        ap.error(f"unknown method(s) {bad}; choose from {', '.join(METHODS)}")
+    if "vanilla" not in methods:
+        methods.insert(0, "vanilla")  # the reference for identity and speedup
+    try:
+        prompts = load_prompts(args.dataset, args.data_file, args.limit, args.category)
+    except (ValueError, FileNotFoundError) as e:
+        ap.error(str(e))
+    lm = load(args)
+    budget, source = resolve_budget(args, lm)
+    cfg = engine_config(args, budget)
+    copy = copy_config(args)
+    chat = not args.no_chat and bool(getattr(lm.tokenizer, "chat_template", None))
+    encoded = [(p["id"], lm.encode(p["prompt"], chat=chat)) for p in prompts]
+    too_long = [pid for pid, ids in encoded if len(ids) + 1 >= lm.max_length]
+    if too_long:
+        ap.error(f"prompts longer than the model's context ({lm.max_length}): {too_long[:5]}")
+    engines = {m: build_engine(m, lm, cfg, copy) for m in methods}
+    # Warm-up: every method once on the first prompt (not timed, not recorded).
+    for m in methods:
+        warm = build_engine(m, lm, engine_config(argparse.Namespace(**{**vars(args), "max_new_tokens": 16}), budget),
+                            copy)
+        for _ in range(args.warmup):
+            warm.run(encoded[0][1], torch.Generator().manual_seed(0))
+        warm.close()
+    records: dict[str, list[dict]] = {m: [] for m in methods}
+    vanilla_ids: dict = {}
+    bar = tqdm(total=len(encoded) * len(methods), desc=f"bench {args.dataset}", unit="gen", file=sys.stderr)
+    for pid, ids in encoded:
+        for m in methods:
+            res = engines[m].run(ids, torch.Generator().manual_seed(0))
+            if m == "vanilla":
+                vanilla_ids[pid] = res.token_ids
+            records[m].append({"id": pid, "prompt_tokens": len(ids), "token_ids": res.token_ids,
+                               "stats": res.stats})
+            bar.set_postfix(method=m, tok_s=f"{res.stats['tok_s']:.1f}")
+            bar.update()
+    bar.close()
+    summary = {m: aggregate(records[m], vanilla_ids) for m in methods}
+    base = summary["vanilla"]["tok_s"]
+    for s in summary.values():
+        s["speedup"] = s["tok_s"] / base if base else 0.0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"dataset": args.dataset, "n_prompts": len(encoded), "methods": methods, "model": lm.name,
+            "device": str(lm.device), "dtype": str(lm.dtype), "chat": chat, "budget": budget,
+            "budget_source": source, "engine": asdict(cfg), "copy": asdict(copy),
+            "torch": torch.__version__, "platform": platform.platform(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": "python -m switchsd.bench " + " ".join(argv if argv is not None else sys.argv[1:])}
+    (out / "results.json").write_text(json.dumps({"meta": meta, "summary": summary, "records": records}, indent=1))
+    md = table(summary)
+    (out / "table.md").write_text(f"{args.dataset}, {len(encoded)} prompts, {lm.name} on {lm.device} "
+                                  f"({lm.dtype}), budget {budget}, max_new_tokens {cfg.max_new_tokens}, "
+                                  f"T={cfg.sampling.temperature}\n\n{md}\n")
+    print(md)
+    print(json.dumps({"methods": {m: {"tok_s": round(s["tok_s"], 3), "speedup": round(s["speedup"], 3),
+                                      "tau": round(s["tau"], 3), "identical": s["identical"], "n": s["n"],
+                                      "paths": {k: {"pct": round(v["pct"], 2), "mal": round(v["mal"], 3)}
+                                                for k, v in s["paths"].items()}}
+                                  for m, s in summary.items()}}))
+
+
+if __name__ == "__main__":
+    main()
