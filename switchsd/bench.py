@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .cli_common import add_decode_args, add_model_args, build_engine, copy_config, engine_config, load, \
-    resolve_budget
+from .cli_common import (Neural, add_decode_args, add_model_args, add_neural_args, build_engine, copy_config,
+                         engine_config, load, resolve_budget)
 from .datasets import DATASETS, load_prompts
 from .events import summarize
 from .methods import METHODS
@@ -76,6 +76,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="runs/bench")
     add_model_args(ap)
     add_decode_args(ap)
+    add_neural_args(ap)
     args = ap.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
@@ -96,11 +97,12 @@ def main(argv=None) -> None:
     too_long = [pid for pid, ids in encoded if len(ids) + 1 >= lm.max_length]
     if too_long:
         ap.error(f"prompts longer than the model's context ({lm.max_length}): {too_long[:5]}")
-    engines = {m: build_engine(m, lm, cfg, copy) for m in methods}
+    neural = Neural(args, lm)
+    engines = {m: build_engine(m, lm, cfg, copy, neural) for m in methods}
     # Warm-up: every method once on the first prompt (not timed, not recorded).
     for m in methods:
         warm = build_engine(m, lm, engine_config(argparse.Namespace(**{**vars(args), "max_new_tokens": 16}), budget),
-                            copy)
+                            copy, neural)
         for _ in range(args.warmup):
             warm.run(encoded[0][1], torch.Generator().manual_seed(0))
         warm.close()

@@ -2,12 +2,22 @@
 from __future__ import annotations
 
 import argparse
+import functools
+from pathlib import Path
+
+import torch
 
 from .calibrate import DEFAULT_RATIO, load_budget
 from .config import CopyConfig, EngineConfig, SamplingConfig
 from .engine import Engine
-from .methods import METHODS, build_policy
-from .models import LoadedModel, load_model
+from .drafters.eagle3 import Eagle3Drafter, TreeConfig
+from .drafters.eagle3_model import Eagle3LoadError, load_eagle3
+from .drafters.draft_model import DraftModelDrafter
+from .methods import METHODS, NEURAL_METHODS, build_policy
+from .models import DEFAULT_MODEL, LoadedModel, ModelLoadError, load_model
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+DEFAULT_HEADS = {DEFAULT_MODEL: ASSETS / "eagle3-smollm2-135m"}
 
 
 def add_model_args(ap: argparse.ArgumentParser) -> None:
@@ -31,8 +41,70 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--copy-len", type=int, default=20, help="copy path: D, most tokens per candidate")
 
 
+def add_neural_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--eagle", default="auto", help="EAGLE3 head: folder or HF id ('auto': the shipped head "
+                    "for the offline default model)")
+    ap.add_argument("--draft", default=None, help="SPS draft model (HF id or folder) sharing the tokenizer")
+    ap.add_argument("--neural", default="eagle3", choices=NEURAL_METHODS,
+                    help="the neural drafter copyspec falls back to")
+    ap.add_argument("--chain", action="store_true", help="EAGLE3: chain drafting instead of the dynamic tree")
+    ap.add_argument("--gamma", type=int, default=5, help="chain length (EAGLE3 --chain, SPS)")
+    ap.add_argument("--tree-topk", type=int, default=4)
+    ap.add_argument("--tree-depth", type=int, default=5)
+    ap.add_argument("--tree-tokens", type=int, default=24, help="draft nodes per tree (capped by the budget)")
+
+
+class Neural:
+    """Loads the neural drafters' weights once; makes a fresh drafter (own caches) per engine."""
+
+    def __init__(self, args, lm: LoadedModel):
+        self.args, self.lm = args, lm
+
+    def available(self, kind: str) -> bool:
+        if kind == "sps":
+            return bool(getattr(self.args, "draft", None))
+        default = DEFAULT_HEADS.get(self.lm.name)
+        return getattr(self.args, "eagle", "auto") not in (None, "auto") or (default is not None and default.exists())
+
+    @functools.cached_property
+    def head(self):
+        name = getattr(self.args, "eagle", "auto")
+        if name in (None, "auto"):
+            path = DEFAULT_HEADS.get(self.lm.name)
+            if path is None or not path.exists():
+                raise SystemExit(f"error: no shipped EAGLE3 head for {self.lm.name}; pass --eagle HEAD")
+            name = str(path)
+        try:
+            return load_eagle3(name, self.lm.model)
+        except Eagle3LoadError as e:
+            raise SystemExit(f"error: {e}")
+
+    @functools.cached_property
+    def draft_model(self):
+        if not getattr(self.args, "draft", None):
+            raise SystemExit("error: method sps needs --draft MODEL (a small model sharing the tokenizer)")
+        try:
+            return load_model(self.args.draft, self.lm.dtype, str(self.lm.device)).model
+        except (ModelLoadError, ValueError) as e:
+            raise SystemExit(f"error: {e}")
+
+    def make(self, kind: str, cfg: EngineConfig, seed: int = 0):
+        a = self.args
+        gen = torch.Generator().manual_seed(seed + 1)
+        if kind == "eagle3":
+            tree = TreeConfig(top_k=a.tree_topk, depth=a.tree_depth, total_tokens=a.tree_tokens)
+            return Eagle3Drafter(self.head, self.lm.model, tree, chain=a.chain, gamma=a.gamma,
+                                 sampling=cfg.sampling, generator=gen)
+        return DraftModelDrafter(self.draft_model, self.lm.model.config.vocab_size, gamma=a.gamma,
+                                 sampling=cfg.sampling, generator=gen)
+
+
 def load(args) -> LoadedModel:
-    return load_model(args.model, args.dtype, args.device, args.device_map)
+    """Load the model, turning a load failure into a one-line error instead of a traceback."""
+    try:
+        return load_model(args.model, args.dtype, args.device, args.device_map)
+    except (ModelLoadError, ValueError) as e:
+        raise SystemExit(f"error: {e}")
 
 
 def resolve_budget(args, lm: LoadedModel) -> tuple[int, str]:
@@ -62,8 +134,18 @@ def copy_config(args) -> CopyConfig:
         raise SystemExit(f"error: {e}")
 
 
-def build_engine(method: str, lm: LoadedModel, cfg: EngineConfig, copy: CopyConfig) -> Engine:
+def build_engine(method: str, lm: LoadedModel, cfg: EngineConfig, copy: CopyConfig,
+                 neural: Neural | None = None, seed: int = 0) -> Engine:
     if method not in METHODS:
         raise SystemExit(f"error: unknown method {method!r}; choose from {', '.join(METHODS)}")
     eos = lm.eos_ids()
-    return Engine(lm.model, build_policy(method, eos, copy), cfg, eos, lm.max_length)
+    drafter = None
+    if neural is not None and method in NEURAL_METHODS:
+        drafter = neural.make(method, cfg, seed)
+    elif neural is not None and method == "copyspec" and neural.available(neural.args.neural):
+        drafter = neural.make(neural.args.neural, cfg, seed)
+    try:
+        policy = build_policy(method, eos, copy, drafter)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
+    return Engine(lm.model, policy, cfg, eos, lm.max_length)

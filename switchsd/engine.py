@@ -51,6 +51,10 @@ class Engine:
         sites = list(cfg.capture)
         if probe is not None and probe.site not in sites:
             sites.append(probe.site)
+        # drafters that read target hidden states (EAGLE3: three fused layers) declare `sites`
+        self.feature_drafters = [d for d in policy.drafters if getattr(d, "sites", ())]
+        for d in self.feature_drafters:
+            sites += [s for s in d.sites if s not in sites]
         self.capture = HiddenCapture(model, sites) if sites else None
 
     @property
@@ -75,11 +79,16 @@ class Engine:
         return out.logits[0]                                                         # [n+1, V]
 
     def _prefill(self, cache: KVCache, ids: list[int]) -> None:
-        x = torch.tensor(ids, device=self.device)[None]
+        x = torch.tensor(ids, device=self.device)[None]                               # [1, P-1]
         self.model(input_ids=x, cache=cache.hf, use_cache=True, logits_to_keep=1)
 
     def _hidden(self, row: int) -> dict | None:
         return self.capture.rows(row) if self.capture else None
+
+    def _feed_features(self, rows: list[int] | slice) -> None:
+        """Give feature-reading drafters the target's hidden states at the newly cached positions."""
+        for d in self.feature_drafters:
+            d.add_features({s: self.capture.last[s][0, rows] for s in d.sites})  # site -> [n_new, d]
 
     # -- the loop --------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -100,6 +109,8 @@ class Engine:
             hidden = self._hidden(-1)
         for d in self.policy.drafters:
             d.reset(tokens)
+        if len(tokens) > 1:
+            self._feed_features(slice(None))
         prefill_s = time.perf_counter() - t_start
         n_gen, step = 0, 0
         while True:
@@ -145,6 +156,7 @@ class Engine:
             n_gen += len(new)
             for d in self.policy.drafters:
                 d.extend(tokens, len(new))
+            self._feed_features(keep)
             t2 = time.perf_counter()
             timings = {"draft": t1 - t0, "verify": t2 - t1, "total": t2 - t0}
             if step == 0:

@@ -10,8 +10,8 @@ import sys
 
 import torch
 
-from .cli_common import add_decode_args, add_model_args, build_engine, copy_config, engine_config, load, \
-    resolve_budget
+from .cli_common import (Neural, add_decode_args, add_model_args, add_neural_args, build_engine, copy_config,
+                         engine_config, load, resolve_budget)
 from .events import hidden_to_list
 from .methods import METHODS
 
@@ -26,6 +26,7 @@ def main(argv=None) -> None:
     ap.add_argument("--hidden", action="store_true", help="with --json: include captured hidden vectors")
     add_model_args(ap)
     add_decode_args(ap)
+    add_neural_args(ap)
     args = ap.parse_args(argv)
     prompt = args.prompt if args.prompt not in (None, "-") else sys.stdin.read()
     if not prompt.strip():
@@ -36,7 +37,7 @@ def main(argv=None) -> None:
     ids = lm.encode(prompt, chat=args.chat)
     if len(ids) >= lm.max_length:
         ap.error(f"the prompt has {len(ids)} tokens; the model's context is {lm.max_length}")
-    engine = build_engine(args.method, lm, cfg, copy_config(args))
+    engine = build_engine(args.method, lm, cfg, copy_config(args), Neural(args, lm), args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     if args.json:
         res = engine.run(ids, gen)

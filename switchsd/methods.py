@@ -4,15 +4,18 @@ from __future__ import annotations
 from typing import Sequence
 
 from .config import CopyConfig
+from .drafters.base import Drafter
 from .drafters.copy import CopyDrafter, CopySpecDrafter, PLDDrafter
 from .policies import Fixed, Policy
 
-METHODS = ("vanilla", "copy", "pld", "copyspec")
+METHODS = ("vanilla", "copy", "pld", "copyspec", "eagle3", "sps")
+NEURAL_METHODS = ("eagle3", "sps")
 
 
 def build_policy(method: str, eos_ids: Sequence[int] = (), copy: CopyConfig = CopyConfig(),
-                 neural=None) -> Policy:
-    """`neural`: a neural drafter for methods that fall back to one (copyspec); None = plain steps."""
+                 neural: Drafter | None = None) -> Policy:
+    """`neural`: the neural drafter (EAGLE3 head or SPS draft model) for methods that use one.
+    copyspec falls back to it when its 3-gram does not match (plain steps when it is None)."""
     if method == "vanilla":
         return Fixed([])
     if method == "copy":
@@ -21,4 +24,9 @@ def build_policy(method: str, eos_ids: Sequence[int] = (), copy: CopyConfig = Co
         return Fixed([PLDDrafter(max_ngram=2, num_tokens=10, eos_ids=eos_ids)])
     if method == "copyspec":
         return Fixed([CopySpecDrafter(gamma=3, num_tokens=10)] + ([neural] if neural is not None else []))
+    if method in NEURAL_METHODS:
+        if neural is None:
+            raise ValueError(f"method {method!r} needs a neural drafter "
+                             f"({'--eagle HEAD' if method == 'eagle3' else '--draft MODEL'})")
+        return Fixed([neural])
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")

@@ -117,6 +117,8 @@ def load_model(name: str | None = None, dtype: str | torch.dtype | None = "auto"
     torch_dtype = resolve_dtype(dtype, device)
     name = name or DEFAULT_MODEL
     source = _default_model_folder() if name == DEFAULT_MODEL else name
+    if str(source).startswith(("/", "./", "../", "~")) and not Path(source).expanduser().exists():
+        raise ModelLoadError(f"model folder {name!r} does not exist")
     offline = os.environ.get("HF_HUB_OFFLINE") == "1"
     try:
         tok = AutoTokenizer.from_pretrained(source)

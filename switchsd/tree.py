@@ -1,7 +1,8 @@
 """Candidates -> a token trie for one verification forward.
 
 Row 0 of the verify input is the *pending* token (the last committed token, not yet in the KV cache);
-rows 1..n are trie nodes. Candidates that share a prefix share nodes, so no token is verified twice.
+rows 1..n are trie nodes. Candidates that share a prefix share nodes, so no token is verified twice (deterministic drafts; sampled
+draws with their q stay separate rows, see build_tree).
 The paper's block-triangular mask (disjoint candidates) is the special case of a trie without shared
 prefixes. Node order follows the candidates' priority (depth-first), so the first candidate's tokens are
 contiguous rows 1..len and a fully accepted first candidate needs no KV gather.
@@ -54,7 +55,11 @@ def build_tree(pending: int, candidates: Sequence[Sequence[int]], budget: int,
             if max_depth is not None and i >= max_depth:
                 break
             tok = int(tok)
-            nxt = next((c for c in tree.children[row] if tree.tokens[c] == tok), None)
+            qi = None if q is None else q[ci][i]
+            # sampled draws are never merged: i.i.d. siblings that drew the same token are separate trials
+            # of the recursive rejection rule (merging them would bias the committed token)
+            nxt = None if qi is not None else next(
+                (c for c in tree.children[row] if tree.tokens[c] == tok and tree.q[c] is None), None)
             if nxt is None:
                 if len(tree.tokens) >= budget:
                     break
@@ -64,7 +69,7 @@ def build_tree(pending: int, candidates: Sequence[Sequence[int]], budget: int,
                 tree.depths.append(tree.depths[row] + 1)
                 tree.children.append([])
                 tree.children[row].append(nxt)
-                tree.q.append(None if q is None else q[ci][i])
+                tree.q.append(qi)
             row = nxt
             rows.append(row)
         if rows:

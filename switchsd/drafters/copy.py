@@ -31,7 +31,7 @@ class NGramIndex:
     def extend(self, tokens: Sequence[int]) -> None:
         """Index every n-gram ending in tokens[self.indexed:]."""
         n = self.n
-        for end in range(max(self.indexed, n), len(tokens) + 1):
+        for end in range(max(self.indexed + 1, n), len(tokens) + 1):
             self.starts[tuple(tokens[end - n:end])].append(end - n)
         self.indexed = len(tokens)
 

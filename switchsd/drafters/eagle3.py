@@ -1,0 +1,188 @@
+"""EAGLE-3 drafter: chain or EAGLE-2 dynamic-tree drafting from the head's own one-layer KV cache.
+
+Alignment: the head's input at index t pairs the target's fused features g_t with the NEXT token x_{t+1},
+sits at rotary position t, and predicts x_{t+2}. The target has processed (cached) tokens[:-1], so the
+drafter can pair g_t with x_{t+1} for every t <= L-2; the output at t = L-2 predicts the token after the
+pending one — the first draft token.
+
+Lazy propagation: the engine hands over the target's features for every newly cached position after every
+step (`add_features`), whether or not this drafter drafted. They wait in `pending` and enter the head's
+stable KV cache in ONE batched forward at the next `propose`, the same forward whose last output starts the
+draft. Draft-time K/V (from the head's own outputs) are temporary and dropped after each proposal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..config import SamplingConfig
+from ..verify import target_probs
+from .base import Draft, DraftRequest
+from .eagle3_model import Eagle3Head
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """EAGLE-2 dynamic tree. top_k = 1 with depth = gamma is a chain."""
+    top_k: int = 4
+    depth: int = 5
+    total_tokens: int = 24   # draft nodes (root excluded), further capped by the engine's budget
+
+
+class Eagle3Drafter:
+    name = "eagle3"
+    path = "neural"
+
+    def __init__(self, head: Eagle3Head, target, tree: TreeConfig = TreeConfig(), chain: bool = False,
+                 gamma: int = 5, sampling: SamplingConfig = SamplingConfig(), generator: torch.Generator | None = None):
+        self.head, self.tree, self.chain, self.gamma = head, tree, chain, gamma
+        self.sampling = sampling
+        self.generator = generator or torch.Generator().manual_seed(0)
+        self.embed = target.get_input_embeddings()
+        L = target.config.num_hidden_layers
+        self.layers = head.config.layers_for(L)
+        if not all(1 <= i <= L for i in self.layers):
+            raise ValueError(f"EAGLE3 fused layers {self.layers} do not exist in a {L}-layer target")
+        # input to layer i == output of layer i-1 (the "mlp" site of layer i-1)
+        self.sites = tuple((i - 1, "mlp") for i in self.layers)
+        self.vocab = target.config.vocab_size
+        self.reset([])
+
+    # -- protocol ------------------------------------------------------------------------------------------
+    def reset(self, tokens: Sequence[int]) -> None:
+        self.k = self.v = None          # stable KV [1, kvh, S, hd]; S = positions paired so far
+        self.pending: list[torch.Tensor] = []   # fused features [n, 3Ht] not yet in the stable cache
+        self.tokens = tokens
+
+    def extend(self, tokens: Sequence[int], n_new: int) -> None:
+        self.tokens = tokens
+
+    def add_features(self, feats: dict) -> None:
+        self.pending.append(torch.cat([feats[s] for s in self.sites], -1))   # [n, 3Ht] low|mid|high
+
+    @property
+    def synced(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    # -- drafting ------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _catch_up(self) -> torch.Tensor:
+        """Feed the pending (g_t, x_{t+1}) pairs in one forward; returns the last output [H]."""
+        g = torch.cat(self.pending, 0)                                  # [n, 3Ht]
+        self.pending = []
+        start, n = self.synced, g.shape[0]
+        dev = g.device
+        toks = torch.tensor(self.tokens[start + 1:start + 1 + n], device=dev)
+        h = self.head.fc(g.to(self.head.fc.weight.dtype))[None]        # [1, n, H]
+        emb = self.embed(toks)[None]                                    # [1, n, H]
+        pos = torch.arange(start, start + n, device=dev)
+        out, k, v = self.head.step(emb, h, pos, self.k, self.v, None)
+        self.k = k if self.k is None else torch.cat([self.k, k], 2)
+        self.v = v if self.v is None else torch.cat([self.v, v], 2)
+        return out[0, -1]
+
+    def _dist(self, out: torch.Tensor) -> torch.Tensor:
+        """Head output [..., H] -> draft distribution over the TARGET vocabulary [..., V] (sampling only)."""
+        q_draft = target_probs(self.head.logits(out), self.sampling)   # [..., Vd]
+        q = torch.zeros(*q_draft.shape[:-1], self.vocab, dtype=q_draft.dtype, device=q_draft.device)
+        idx = torch.arange(q_draft.shape[-1], device=q_draft.device) + self.head.d2t
+        return q.index_copy_(-1, idx, q_draft)
+
+    @torch.inference_mode()
+    def propose(self, req: DraftRequest) -> Draft:
+        if not self.pending or req.max_len < 1:
+            return Draft([])
+        last = self._catch_up()
+        base = self.synced        # position of the first draft input (it carries the first draft token)
+        if self.chain or self.tree.top_k == 1:
+            return self._chain(last, base, min(self.gamma, req.max_len))
+        return self._tree(last, base, req)
+
+    def _chain(self, out: torch.Tensor, base: int, n: int) -> Draft:
+        toks, qs = [], []
+        k, v = self.k, self.v
+        greedy = self.sampling.greedy
+        for i in range(n):
+            if greedy:
+                tok = int(self.head.to_target_ids(self.head.logits(out).argmax(-1)))
+            else:
+                q = self._dist(out).float().cpu()
+                tok = int(torch.multinomial(q, 1, generator=self.generator))
+                qs.append(q)
+            toks.append(tok)
+            if i == n - 1:
+                break
+            emb = self.embed(torch.tensor([tok], device=out.device))[None]
+            o, k1, v1 = self.head.step(emb, out[None, None], torch.tensor([base + i], device=out.device), k, v, None)
+            k, v = torch.cat([k, k1], 2), torch.cat([v, v1], 2)
+            out = o[0, -1]
+        return Draft([toks], q=[qs] if qs else None)
+
+    def _tree(self, out: torch.Tensor, base: int, req: DraftRequest) -> Draft:
+        """EAGLE-2: expand the top_k best nodes per level by cumulative log-prob, then keep the best
+        `total_tokens` nodes overall (a child never outranks its parent). Nodes are point masses."""
+        K, D = self.tree.top_k, min(self.tree.depth, req.max_len)
+        N = min(self.tree.total_tokens, req.budget)
+        dev = out.device
+        S = self.synced
+        # candidate nodes: token (target id), parent (-1 root), score, depth
+        tok_l, par_l, score_l = [], [], []
+        logp = torch.log_softmax(self.head.logits(out).float(), -1)
+        top = logp.topk(K)
+        frontier = list(range(K))                 # node ids of the current level
+        for j in range(K):
+            tok_l.append(int(self.head.to_target_ids(top.indices[j])))
+            par_l.append(-1)
+            score_l.append(float(top.values[j]))
+        f_h = out[None].expand(K, -1)             # hidden input per frontier node [K, H]
+        temp_k = temp_v = None                    # K/V of expanded nodes [1, kvh, E, hd]
+        anc_rows = torch.zeros(K, 0, dtype=torch.bool, device=dev)   # frontier node -> temp entries it sees
+        for d in range(1, D):
+            E = 0 if temp_k is None else temp_k.shape[2]
+            n_f = len(frontier)
+            rows = torch.cat([anc_rows, torch.eye(n_f, dtype=torch.bool, device=dev)], 1)   # [n_f, E+n_f]
+            mask = torch.cat([torch.ones(n_f, S, dtype=torch.bool, device=dev), rows], 1)
+            pk = self.k if temp_k is None else torch.cat([self.k, temp_k], 2)
+            pv = self.v if temp_v is None else torch.cat([self.v, temp_v], 2)
+            emb = self.embed(torch.tensor([tok_l[i] for i in frontier], device=dev))[None]
+            pos = torch.full((n_f,), base + d - 1, device=dev)
+            o, k1, v1 = self.head.step(emb, f_h[None], pos, pk, pv, mask)
+            temp_k = k1 if temp_k is None else torch.cat([temp_k, k1], 2)
+            temp_v = v1 if temp_v is None else torch.cat([temp_v, v1], 2)
+            lp = torch.log_softmax(self.head.logits(o[0]).float(), -1)          # [n_f, Vd]
+            parent_scores = torch.tensor([score_l[i] for i in frontier], device=dev)
+            cand = (lp.topk(K, -1))
+            cum = parent_scores[:, None] + cand.values                        # [n_f, K]
+            flat = cum.flatten()
+            first_new = len(tok_l)
+            for idx in range(flat.numel()):
+                fi, kj = divmod(idx, K)
+                tok_l.append(int(self.head.to_target_ids(cand.indices[fi, kj])))
+                par_l.append(frontier[fi])
+                score_l.append(float(flat[idx]))
+            best = flat.topk(min(K, flat.numel())).indices.tolist()
+            new_frontier = [first_new + b for b in best]
+            parents_local = [b // K for b in best]
+            anc_rows = torch.cat([rows[parents_local], torch.zeros(len(best), 0, dtype=torch.bool, device=dev)], 1)
+            f_h = o[0, parents_local]
+            frontier = new_frontier
+        # re-rank: the N best nodes overall, parents before children
+        order = sorted(range(len(tok_l)), key=lambda i: (-score_l[i], i))
+        chosen: set[int] = set()
+        for i in order:
+            if len(chosen) >= N:
+                break
+            if par_l[i] == -1 or par_l[i] in chosen:
+                chosen.add(i)
+        leaves = [i for i in chosen if not any(par_l[j] == i for j in chosen)]
+        leaves.sort(key=lambda i: -score_l[i])
+        cands = []
+        for leaf in leaves:
+            path, i = [], leaf
+            while i != -1:
+                path.append(tok_l[i])
+                i = par_l[i]
+            cands.append(path[::-1])
+        return Draft(cands)

@@ -1,0 +1,74 @@
+"""Self-distillation data for an EAGLE-3 head: the target answers our prompt set (batched greedy generation)
+and we keep, per token, the three fused features and the target's final hidden state (its logits are
+`lm_head(final)`, recomputed at train time on the draft vocabulary).
+
+Shards `feat_00000.safetensors`, ... hold per sample `{i}.ids` [T] (prompt + response), `{i}.aux` [T-1, 3H]
+(input to target layers low/mid/high, fp16), `{i}.final` [T-1, H] (fp16) and `{i}.start` (prompt length).
+Features exist for positions 0..T-2 (the last token is never processed). Finished shards are skipped, so
+an interrupted run resumes where it stopped.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from .models import LoadedModel
+
+
+@torch.inference_mode()
+def generate_shard(lm: LoadedModel, prompts: list[str], layers: tuple[int, int, int], max_new_tokens: int) -> dict:
+    tok, model = lm.tokenizer, lm.model
+    enc = [lm.encode(p, chat=True) for p in prompts]
+    P = max(len(e) for e in enc)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    ids = torch.tensor([[pad] * (P - len(e)) + e for e in enc], device=lm.device)          # left padding
+    att = torch.tensor([[0] * (P - len(e)) + [1] * len(e) for e in enc], device=lm.device)
+    out = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new_tokens, do_sample=False,
+                         output_hidden_states=True, return_dict_in_generate=True, pad_token_id=pad)
+    seqs = out.sequences                                                                   # [B, P + N]
+    # hidden_states: per generated step, a tuple over (embeddings, layer 1..L-1 outputs, final normed)
+    per_layer = lambda i: torch.cat([h[i] for h in out.hidden_states], 1)                 # [B, P + N - 1, H]
+    aux = torch.cat([per_layer(i) for i in layers], -1)                                    # input to layer i
+    final = per_layer(-1)
+    eos = lm.eos_ids()
+    shard = {}
+    for b, e in enumerate(enc):
+        resp = seqs[b, P:].tolist()
+        cut = next((i for i, t in enumerate(resp) if t in eos), None)
+        resp = resp[:cut + 1] if cut is not None else resp
+        T = len(e) + len(resp)
+        lo = P - len(e)
+        shard[f"{b}.ids"] = torch.tensor(e + resp, dtype=torch.int32)
+        shard[f"{b}.aux"] = aux[b, lo:lo + T - 1].to(torch.float16).contiguous()
+        shard[f"{b}.final"] = final[b, lo:lo + T - 1].to(torch.float16).contiguous()
+        shard[f"{b}.start"] = torch.tensor([len(e)], dtype=torch.int32)
+    return shard
+
+
+def build(lm: LoadedModel, prompts: list[str], out: Path, layers: tuple[int, int, int], max_new_tokens: int = 256,
+          batch: int = 32) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    # sort by prompt length so padding stays small; shard order is deterministic
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    chunks = [order[i:i + batch] for i in range(0, len(order), batch)]
+    for si, chunk in enumerate(tqdm(chunks, desc="target answers + features", unit="shard")):
+        path = out / f"feat_{si:05d}.safetensors"
+        if path.exists():
+            continue
+        shard = generate_shard(lm, [prompts[i] for i in chunk], layers, max_new_tokens)
+        tmp = path.with_suffix(".tmp")
+        save_file(shard, str(tmp))
+        tmp.replace(path)
+
+
+def load_samples(folder: Path) -> list[dict]:
+    samples = []
+    for path in sorted(folder.glob("feat_*.safetensors")):
+        d = load_file(str(path))
+        for b in sorted({k.split(".")[0] for k in d}, key=int):
+            samples.append({"ids": d[f"{b}.ids"].long(), "aux": d[f"{b}.aux"], "final": d[f"{b}.final"],
+                            "start": int(d[f"{b}.start"][0])})
+    return samples

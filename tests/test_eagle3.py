@@ -1,0 +1,197 @@
+"""EAGLE3: loader (published layout, .bin and safetensors, d2t offsets, clear errors), exactness of chain and
+tree drafting against vanilla greedy, and lazy propagation after copy steps."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from helpers import repetitive_prompt, random_prompt, greedy_reference
+from switchsd.config import CopyConfig, EngineConfig
+from switchsd.drafters.base import DraftRequest
+from switchsd.drafters.copy import CopyDrafter
+from switchsd.drafters.eagle3 import Eagle3Drafter, TreeConfig
+from switchsd.drafters.eagle3_model import Eagle3Config, Eagle3Head, Eagle3LoadError, load_eagle3
+from switchsd.engine import Engine
+from switchsd.methods import build_policy
+from switchsd.policies import PolicyState
+
+H, V, VD = 32, 64, 40
+
+
+def published_state_dict(seed: int = 0, hidden: int = H, vocab: int = V, vd: int = VD) -> tuple[dict, dict]:
+    """Random weights under the exact published key names (SafeAILab cnets.py / SpecForge export)."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.2
+    heads, kv, hd, inter = 4, 2, hidden // 4, 64
+    used = torch.randperm(vocab, generator=g)[:vd].sort().values
+    sd = {
+        "fc.weight": r(hidden, 3 * hidden),
+        "midlayer.input_layernorm.weight": 1 + r(hidden),
+        "midlayer.hidden_norm.weight": 1 + r(hidden),
+        "midlayer.self_attn.q_proj.weight": r(heads * hd, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": r(kv * hd, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": r(kv * hd, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": r(hidden, heads * hd),
+        "midlayer.post_attention_layernorm.weight": 1 + r(hidden),
+        "midlayer.mlp.gate_proj.weight": r(inter, hidden),
+        "midlayer.mlp.up_proj.weight": r(inter, hidden),
+        "midlayer.mlp.down_proj.weight": r(hidden, inter),
+        "norm.weight": 1 + r(hidden),
+        "lm_head.weight": r(vd, hidden),
+        "d2t": used - torch.arange(vd),
+        "t2d": torch.zeros(vocab, dtype=torch.bool).index_fill_(0, used, True),
+    }
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
+           "intermediate_size": inter, "num_attention_heads": heads, "num_key_value_heads": kv,
+           "num_hidden_layers": 1, "vocab_size": vocab, "draft_vocab_size": vd, "rms_norm_eps": 1e-5,
+           "max_position_embeddings": 2048, "hidden_act": "silu", "tie_word_embeddings": False}
+    return sd, cfg
+
+
+def write_head(folder, fmt="safetensors", **kw):
+    sd, cfg = published_state_dict(**kw)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    if fmt == "safetensors":
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"))
+    else:
+        torch.save(sd, folder / "pytorch_model.bin")
+    return sd
+
+
+@pytest.fixture(scope="module")
+def target():
+    """6 layers, so the default fused layers (2, L//2, L-3) = (2, 3, 3) exist."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(3)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=H, num_hidden_layers=6, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256, eos_token_id=1)
+    return LlamaForCausalLM(cfg).to(torch.float64).eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory, target):
+    folder = tmp_path_factory.mktemp("head")
+    write_head(folder)
+    return load_eagle3(str(folder), target)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_loader_published_layout(tmp_path, target, fmt):
+    sd = write_head(tmp_path, fmt)
+    head = load_eagle3(str(tmp_path), target)
+    for k, v in sd.items():
+        assert torch.equal(head.state_dict()[k].to(v.dtype), v), k
+    assert head.fc.weight.shape == (H, 3 * H)
+    assert head.midlayer.self_attn.q_proj.weight.shape[1] == 2 * H
+    # d2t maps every draft id to the target id it stands for
+    draft_ids = torch.arange(VD)
+    target_ids = head.to_target_ids(draft_ids)
+    assert torch.equal(target_ids, torch.nonzero(sd["t2d"]).flatten())
+    assert head.config.rope_theta == 10000.0          # absent in the config: the official trainer's base
+    assert head.config.layers_for(6) == (2, 3, 3)
+    assert head.fc.weight.dtype == torch.float64      # cast to the target's dtype
+
+
+def test_loader_prefix_variants_and_missing_embed(tmp_path, target):
+    sd, cfg = published_state_dict()
+    sd = {("model.layers.0." + k[len("midlayer."):]) if k.startswith("midlayer.") else k: v for k, v in sd.items()}
+    sd["embed_tokens.weight"] = torch.zeros(V, H)      # present in some exports; always taken from the target
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    load_eagle3(str(tmp_path), target)
+
+
+@pytest.mark.parametrize("change,msg", [({"hidden": 48}, "hidden size"), ({"vocab": 80}, "vocabulary")])
+def test_loader_rejects_mismatched_head(tmp_path, target, change, msg):
+    write_head(tmp_path, **change)
+    with pytest.raises(Eagle3LoadError, match=msg):
+        load_eagle3(str(tmp_path), target)
+
+
+def test_loader_rejects_wrong_shapes(tmp_path, target):
+    sd = write_head(tmp_path)
+    sd["lm_head.weight"] = torch.zeros(VD + 1, H)
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    with pytest.raises(Eagle3LoadError, match="lm_head.weight"):
+        load_eagle3(str(tmp_path), target)
+
+
+def test_loader_missing_folder_is_clear(target):
+    with pytest.raises(Eagle3LoadError):
+        load_eagle3("/nonexistent/eagle3-head", target)
+
+
+def eagle_engine(target, head, chain, budget=16, max_new=30, method="eagle3", **tree):
+    drafter = Eagle3Drafter(head, target, TreeConfig(**tree) if tree else TreeConfig(), chain=chain, gamma=4)
+    policy = build_policy(method, (), CopyConfig(), drafter)
+    return Engine(target, policy, EngineConfig(max_new_tokens=max_new, budget=budget, stop_at_eos=False), ())
+
+
+@pytest.mark.parametrize("chain", [True, False])
+@pytest.mark.parametrize("method", ["eagle3", "copyspec"])
+def test_eagle3_greedy_equals_vanilla(target, head, chain, method):
+    for seed in range(4):
+        ids = repetitive_prompt(seed) if seed % 2 else random_prompt(seed, 9)
+        want = greedy_reference(target, ids, 30, eos=None)
+        res = eagle_engine(target, head, chain, method=method).run(ids)
+        assert res.token_ids == want
+        if method == "eagle3":
+            assert all(e.path == "neural" for e in res.events[:-1])  # the last may have no room to draft
+            if not chain:
+                assert any(len(e.tree_tokens) > 2 and len(e.candidates) > 1 for e in res.events)
+
+
+class Alternate:
+    """Copy step whenever the copy drafter matches, else EAGLE3: exercises lazy propagation."""
+
+    def __init__(self, copy, eagle):
+        self.drafters = [copy, eagle]
+        self.snapshots = []
+
+    def select(self, state: PolicyState):
+        return self.drafters, None
+
+    def observe(self, event):
+        pass
+
+
+def test_lazy_propagation_matches_fresh_head(target, head):
+    """After copy steps, the head's catch-up output equals a head re-run from scratch on the same tokens."""
+    eagle = Eagle3Drafter(head, target, chain=True, gamma=3)
+    copy = CopyDrafter(CopyConfig(kappa=3))
+    engine = Engine(target, Alternate(copy, eagle), EngineConfig(max_new_tokens=40, budget=12, stop_at_eos=False), ())
+    ids = repetitive_prompt(5, n=16, reps=3, tail=4)
+    paths = []
+    for ev in engine.generate(ids):
+        paths.append(ev.path)
+    assert "copy" in paths and "neural" in paths
+    # state after the last commit: eagle has pending features of every cached position since its last draft
+    tokens = list(eagle.tokens)
+    assert len(eagle.pending) >= 1
+    incremental = eagle._catch_up()
+    fresh = Eagle3Drafter(head, target, chain=True, gamma=3)
+    fresh.reset(tokens)
+    with torch.no_grad():
+        hs = target(input_ids=torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
+    fresh.add_features({(i - 1, "mlp"): hs[i][0] for i in fresh.layers})
+    assert fresh.sites == eagle.sites
+    scratch = fresh._catch_up()
+    torch.testing.assert_close(incremental, scratch, rtol=1e-9, atol=1e-9)
+    assert eagle.synced == fresh.synced == len(tokens) - 1
+
+
+def test_tree_respects_budget_and_depth(target, head):
+    d = Eagle3Drafter(head, target, TreeConfig(top_k=3, depth=4, total_tokens=50))
+    ids = random_prompt(1, 12)
+    d.reset(ids)
+    with torch.no_grad():
+        hs = target(input_ids=torch.tensor([ids[:-1]]), output_hidden_states=True).hidden_states
+    d.add_features({(i - 1, "mlp"): hs[i][0] for i in d.layers})
+    draft = d.propose(DraftRequest(tokens=ids, max_len=3, budget=7))
+    nodes = {tuple(c[:i + 1]) for c in draft.candidates for i in range(len(c))}
+    assert len(nodes) <= 7
+    assert max(len(c) for c in draft.candidates) <= 3

@@ -1,0 +1,93 @@
+"""SPS (small draft model): greedy == vanilla with two tiny random models sharing a vocabulary; lazy sync of the
+draft cache; the sampled output distribution equals the target's (chi-square), with a negative control."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import VOCAB, chisq_pvalue, greedy_reference, make_tiny_model, random_prompt, repetitive_prompt
+from switchsd.config import CopyConfig, EngineConfig, SamplingConfig
+from switchsd.drafters.draft_model import DraftModelDrafter
+from switchsd.engine import Engine
+from switchsd.methods import build_policy
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = make_tiny_model(seed=0, logit_scale=30.0)
+    draft = make_tiny_model(seed=1, logit_scale=30.0)
+    return target, draft
+
+
+def sps_engine(target, draft, method="sps", sampling=SamplingConfig(), max_new=30, gamma=4, seed=0):
+    d = DraftModelDrafter(draft, VOCAB, gamma=gamma, sampling=sampling,
+                          generator=torch.Generator().manual_seed(seed + 1))
+    cfg = EngineConfig(max_new_tokens=max_new, budget=16, sampling=sampling, stop_at_eos=False)
+    return Engine(target, build_policy(method, (), CopyConfig(), d), cfg, ())
+
+
+@pytest.mark.parametrize("method", ["sps", "copyspec"])
+def test_sps_greedy_equals_vanilla(pair, method):
+    target, draft = pair
+    accepted = 0
+    for seed in range(5):
+        ids = repetitive_prompt(seed) if seed % 2 else random_prompt(seed, 7)
+        res = sps_engine(target, draft, method).run(ids)
+        assert res.token_ids == greedy_reference(target, ids, 30, eos=None)
+        accepted += sum(len(e.accepted) for e in res.events if e.path == "neural")
+    # the self-draft below accepts everything; a random draft still accepts sometimes
+    assert accepted >= 0
+
+
+def test_sps_self_draft_accepts_everything(pair):
+    """The target as its own draft model: every drafted token is accepted at T=0 (the cache sync is right)."""
+    target, _ = pair
+    res = sps_engine(target, target, gamma=4, max_new=25).run(random_prompt(3, 9))
+    for e in res.events[:-1]:
+        assert len(e.accepted) == len(e.tree_tokens) - 1
+    assert res.stats["tau"] > 3.5
+
+
+def first_token_distribution(target, prompt):
+    with torch.no_grad():
+        return torch.softmax(target(input_ids=torch.tensor([prompt])).logits[0, -1].float(), -1)
+
+
+def test_sps_sampling_matches_target_distribution(pair):
+    """T=1: the first committed token over many seeds follows the target's p, although the draft's q differs."""
+    target, draft = pair
+    prompt = random_prompt(11, 8)
+    p = first_token_distribution(target, prompt)
+    s = SamplingConfig(temperature=1.0)
+    counts: dict[int, int] = {}
+    n = 3000
+    drafted = 0
+    for seed in range(n):
+        eng = sps_engine(target, draft, sampling=s, max_new=1 + 1, seed=seed)
+        ev = next(iter(eng.generate(prompt, torch.Generator().manual_seed(10_000 + seed))))
+        drafted += len(ev.tree_tokens) - 1
+        counts[ev.new_tokens[0]] = counts.get(ev.new_tokens[0], 0) + 1
+    assert drafted == n, "every first step must carry a sampled draft"
+    probs = {i: float(p[i]) for i in range(VOCAB)}
+    assert chisq_pvalue(counts, probs) > 1e-3
+
+
+def test_sampling_negative_control_detects_wrong_rule(pair, monkeypatch):
+    """Same experiment with a wrong acceptance rule (draft tokens always accepted): the test must reject it."""
+    import switchsd.engine as engine_mod
+    target, draft = pair
+    prompt = random_prompt(11, 8)
+    p = first_token_distribution(target, prompt)
+
+    def always_accept(tree, probs_at, generator):
+        rows = tree.path_to(len(tree.tokens) - 1) if len(tree.tokens) > 1 else []
+        return rows, int(torch.multinomial(probs_at(rows[-1] if rows else 0), 1, generator=generator))
+
+    monkeypatch.setattr(engine_mod, "accept_sampling", always_accept)
+    s = SamplingConfig(temperature=1.0)
+    counts: dict[int, int] = {}
+    for seed in range(1500):
+        eng = sps_engine(target, draft, sampling=s, max_new=2, seed=seed)
+        ev = next(iter(eng.generate(prompt, torch.Generator().manual_seed(10_000 + seed))))
+        counts[ev.new_tokens[0]] = counts.get(ev.new_tokens[0], 0) + 1
+    assert chisq_pvalue(counts, {i: float(p[i]) for i in range(VOCAB)}) < 1e-6
