@@ -11,11 +11,14 @@ def main(argv=None) -> None:
     ap.add_argument("--model", default=None, help="HF id or local folder (default: offline SmolLM2-135M-Instruct)")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--eagle", default="auto", help="EAGLE3 head folder or HF id (auto: the shipped head)")
+    ap.add_argument("--draft", default=None, help="SPS draft model (HF id or folder)")
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default: localhost only)")
     ap.add_argument("--port", type=int, default=7860)
     ap.add_argument("--share", action="store_true", help="create a public Gradio link")
     args = ap.parse_args(argv)
-    demo = build_demo(Resources(model_name=args.model, dtype=args.dtype, device=args.device))
+    demo = build_demo(Resources(model_name=args.model, dtype=args.dtype, device=args.device, eagle=args.eagle,
+                                draft=args.draft))
     demo.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, share=args.share)
 
 

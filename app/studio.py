@@ -8,12 +8,14 @@ from dataclasses import dataclass, field
 import gradio as gr
 import torch
 
-from switchsd.config import CopyConfig, EngineConfig, SamplingConfig
-from switchsd.engine import Engine
-from switchsd.events import summarize
-from switchsd.methods import METHODS, build_policy
-from switchsd.models import LoadedModel, load_model
+from types import SimpleNamespace
+
 from switchsd.calibrate import load_budget
+from switchsd.cli_common import Neural, build_engine
+from switchsd.config import CopyConfig, EngineConfig, SamplingConfig
+from switchsd.events import summarize
+from switchsd.methods import METHODS
+from switchsd.models import LoadedModel, load_model
 
 from .render import tokens_html
 
@@ -32,14 +34,24 @@ class Resources:
     model_name: str | None = None
     dtype: str = "auto"
     device: str | None = None
+    eagle: str = "auto"
+    draft: str | None = None
     _lm: LoadedModel | None = None
+    _neural: Neural | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def lm(self) -> LoadedModel:
         with self._lock:
             if self._lm is None:
                 self._lm = load_model(self.model_name, self.dtype, self.device)
+                opts = SimpleNamespace(eagle=self.eagle, draft=self.draft, neural="eagle3", chain=False, gamma=5,
+                                       tree_topk=4, tree_depth=5, tree_tokens=24)
+                self._neural = Neural(opts, self._lm)
             return self._lm
+
+    def neural(self) -> Neural:
+        self.lm()
+        return self._neural
 
 
 def generate_stream(res: Resources, prompt: str, method: str, temperature: float, max_new_tokens: int,
@@ -64,8 +76,10 @@ def generate_stream(res: Resources, prompt: str, method: str, temperature: float
                            sampling=SamplingConfig(temperature=float(temperature)))
     except ValueError as e:
         raise gr.Error(str(e))
-    eos = lm.eos_ids()
-    engine = Engine(lm.model, build_policy(method, eos, CopyConfig()), cfg, eos, lm.max_length)
+    try:
+        engine = build_engine(method, lm, cfg, CopyConfig(), res.neural())
+    except SystemExit as e:  # the CLI builders report problems as SystemExit("error: ...")
+        raise gr.Error(str(e).removeprefix("error: "))
     events, t0, last = [], time.perf_counter(), 0.0
     try:
         for e in engine.generate(ids, torch.Generator().manual_seed(0)):

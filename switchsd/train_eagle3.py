@@ -66,7 +66,7 @@ def ttt_loss(head: Eagle3Head, embed, teacher_w: torch.Tensor, batch: list[dict]
         fin[b, :T - 1] = s["final"].float()
         valid[b, s["start"]:T] = True
         length[b] = T - 1
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast(dev.type, enabled=False):
         teach = torch.log_softmax(fin @ teacher_w.T, -1)                # [B, n, Vd]: target at position j
     t_idx = torch.arange(n, device=dev)
     m = head.midlayer
@@ -98,7 +98,7 @@ def ttt_loss(head: Eagle3Head, embed, teacher_w: torch.Tensor, batch: list[dict]
         attn = m.self_attn.o_proj(attn.transpose(1, 2).reshape(B, n, -1))
         h1 = h + attn
         out = h1 + m.mlp(m.post_attention_layernorm(h1))
-        logits = torch.log_softmax(head.logits(out), -1)                 # [B, n, Vd]
+        logits = torch.log_softmax(head.logits(out).float(), -1)         # [B, n, Vd]
         # teacher: the target's distribution at position t+1+k (it predicts x_{t+2+k})
         tj = t_idx + 1 + k
         ok = (tj[None] < length[:, None]) & valid[:, (t_idx + 2 + k).clamp(max=n)]
@@ -173,6 +173,8 @@ def main(argv=None) -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
     ap.add_argument("--save-every", type=int, default=100)
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
+                    help="bfloat16 autocast for the head's matmuls (master weights stay float32)")
     ap.add_argument("--stage", choices=["all", "data", "train", "export"], default="all")
     args = ap.parse_args(argv)
     work = Path(args.work)
@@ -211,6 +213,7 @@ def main(argv=None) -> None:
     warm = max(1, total_steps // 50)
     sched = lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total_steps)))
     state = load_ckpt(work, head, opt) or {"step": 0, "log": []}
+    dev_type = lm.device.type
     print(f"{len(train)} train / {len(val)} val samples; draft vocab {args.draft_vocab} covers "
           f"{100 * coverage:.2f}% of response tokens; {total_steps} steps")
     if args.stage in ("all", "train"):
@@ -224,7 +227,8 @@ def main(argv=None) -> None:
                     break
                 for g in opt.param_groups:
                     g["lr"] = args.lr * sched(state["step"])
-                loss, accs, _ = ttt_loss(head, embed, teacher_w, batch, args.ttt)
+                with torch.autocast(dev_type, dtype=torch.bfloat16, enabled=args.bf16):
+                    loss, accs, _ = ttt_loss(head, embed, teacher_w, batch, args.ttt)
                 opt.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 0.5)
@@ -233,7 +237,7 @@ def main(argv=None) -> None:
                 bar.update()
                 bar.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{accs[0]:.3f}", accK=f"{accs[-1]:.3f}")
                 if state["step"] % args.save_every == 0 or state["step"] == total_steps:
-                    with torch.no_grad():
+                    with torch.no_grad(), torch.autocast(dev_type, dtype=torch.bfloat16, enabled=args.bf16):
                         vl = [ttt_loss(head, embed, teacher_w, b, args.ttt) for b in
                               batches(val, args.tokens_per_batch, random.Random(0))]
                     vacc = [sum(a[1][k] * a[2] for a in vl) / max(1, sum(a[2] for a in vl)) for k in range(args.ttt)]

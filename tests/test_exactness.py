@@ -286,3 +286,25 @@ def test_sps_with_tiny_draft_model_is_exact(tiny_model, same_weights):
         accepted += sum(len(e.accepted) for e in gen.events)
     if same_weights:
         assert accepted > 0
+
+
+@pytest.mark.real
+def test_real_model_eagle3_shipped_head_equals_vanilla(real_lm):
+    """The shipped EAGLE3 head (tree and chain) on the real model in float32: identical to vanilla greedy."""
+    from pathlib import Path
+
+    from switchsd.drafters.eagle3 import Eagle3Drafter, TreeConfig
+    from switchsd.drafters.eagle3_model import load_eagle3
+    folder = Path(__file__).resolve().parents[1] / "assets" / "eagle3-smollm2-135m"
+    if not (folder / "model.safetensors").exists():
+        pytest.skip("no shipped EAGLE3 head yet")
+    head = load_eagle3(str(folder), real_lm.model)
+    eos = real_lm.eos_ids()
+    ids = real_lm.encode("Write a short poem about the ocean.", chat=True)
+    cfg = EngineConfig(max_new_tokens=48, budget=24)
+    want = Engine(real_lm.model, build_policy("vanilla", eos), cfg, eos).run(ids).token_ids
+    for chain in (False, True):
+        d = Eagle3Drafter(head, real_lm.model, TreeConfig(), chain=chain, gamma=4)
+        res = Engine(real_lm.model, build_policy("eagle3", eos, neural=d), cfg, eos).run(ids)
+        assert res.token_ids == want, f"chain={chain}"
+        assert res.stats["tau"] > 1.2, "a trained head accepts some drafts"

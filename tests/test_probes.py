@@ -1,0 +1,152 @@
+"""Copy labels, decision alignment, probe fitting on a planted direction, probe file round trip and checks."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import make_tiny_model
+from probes.copydiversity import TIER_SHARE, build
+from probes.fit import fit_probe
+from probes.labels import ALIGN, aligned_pairs, copy_labels
+from probes.metrics import best_f1, f1_at, roc_auc
+from switchsd.probe import Probe, ProbeError, load_probe
+
+
+def spans(labels):
+    return [i for i, v in enumerate(labels) if v]
+
+
+@pytest.mark.parametrize("n_span,expect", [(4, False), (5, True), (6, True)])
+def test_span_length_threshold(n_span, expect):
+    src = list(range(10, 10 + n_span))
+    toks = src + [99, 98] + src + [97]
+    lab = copy_labels(toks, 5)
+    start = n_span + 2
+    assert all(lab[start + i] == expect for i in range(n_span))
+    assert not any(lab[:start])          # first occurrences are not copies
+    assert not lab[-1]
+
+
+def test_prompt_repeat_vs_output_repeat():
+    prompt = [1, 2, 3, 4, 5, 6, 50]
+    out = [7, 8, 2, 3, 4, 5, 6, 9, 7, 8, 2, 3, 4, 40]   # copies 5 from the prompt, then 6 of its own output
+    lab = copy_labels(prompt + out, 5)
+    p = len(prompt)
+    assert spans(lab[p:]) == [2, 3, 4, 5, 6, 8, 9, 10, 11, 12]
+
+
+def test_overlapping_runs():
+    toks = [5] * 9
+    lab = copy_labels(toks, 5)
+    assert spans(lab) == [1, 2, 3, 4, 5, 6, 7, 8]     # window at 1 occurred at 0 (overlap allowed)
+
+
+def test_decision_alignment():
+    """Feature position i is paired with the label of token i + 2: at decision time tokens[..i+1] are
+    committed, i+1 is pending and unprocessed, h_i is the last hidden state; the drafter proposes i + 2."""
+    assert ALIGN == 2
+    toks = [1, 2, 3, 4, 5, 9, 1, 2, 3, 4, 5, 8]
+    pos, lab = aligned_pairs(toks, start=6, n=5)
+    assert pos == [j - 2 for j in range(6, 12)]
+    assert lab == copy_labels(toks, 5)[6:12]
+    assert lab == [True, True, True, True, True, False]
+
+
+def test_copydiversity_tiers_and_split():
+    rows = build(1000, seed=1)
+    assert len({r["prompt"] for r in rows}) == 1000
+    assert len({r["type"] for r in rows}) == 17
+    for tier, share in TIER_SHARE.items():
+        assert abs(sum(r["tier"] == tier for r in rows) / 1000 - share) < 0.002
+    assert sum(r["split"] == "val" for r in rows) == 200
+    assert build(50, seed=3) == build(50, seed=3)
+
+
+def test_fit_recovers_planted_direction():
+    g = torch.Generator().manual_seed(0)
+    d, n = 32, 4000
+    w_true = torch.randn(d, generator=g)
+    x = torch.randn(n, d, generator=g) * torch.linspace(0.5, 50, d)   # badly scaled dims, like LLM states
+    y = torch.rand(n, generator=g) < torch.sigmoid(x @ (w_true / torch.linspace(0.5, 50, d)) * 3)
+    w = fit_probe(x, y, l2=1e-4)
+    s = torch.sigmoid(x @ w)
+    cos = torch.nn.functional.cosine_similarity(w * torch.linspace(0.5, 50, d), w_true, dim=0)
+    assert cos > 0.95
+    assert roc_auc(s, y) > 0.9
+    # a shuffled-label control learns nothing
+    w0 = fit_probe(x, y[torch.randperm(n, generator=g)], l2=1e-4)
+    assert roc_auc(torch.sigmoid(x @ w0), y) < 0.6
+
+
+def test_metrics_simple():
+    s = torch.tensor([0.1, 0.4, 0.35, 0.8])
+    y = torch.tensor([False, False, True, True])
+    assert roc_auc(s, y) == pytest.approx(0.75)
+    assert f1_at(s, y, 0.5) == pytest.approx(2 / 3)
+    assert best_f1(s, y)[0] == pytest.approx(0.8)
+
+
+def make_probe(model, layer=1, sub="attn"):
+    d = model.config.hidden_size
+    meta = {"model": "tiny", "hidden_size": d, "num_layers": model.config.num_hidden_layers, "n_train": 5,
+            "kappa": 5, "align": 2, "data": {"x": 1}, "val_auc": 0.9, "val_f1": 0.7,
+            "per_layer": [{"layer": 0, "sublayer": "attn", "auc": 0.8, "f1": 0.6, "tau": 0.4}]}
+    return Probe(torch.randn(d), layer, sub, 0.4, meta)
+
+
+def test_probe_round_trip(tmp_path, tiny_model):
+    p = make_probe(tiny_model)
+    p.save(tmp_path / "p.safetensors")
+    q = load_probe(tmp_path / "p.safetensors", tiny_model)
+    assert torch.equal(p.weight, q.weight) and q.site == (1, "attn") and q.tau == pytest.approx(0.4)
+    assert q.meta["per_layer"][0]["auc"] == 0.8 and q.meta["data"] == {"x": 1}
+    h = torch.randn(tiny_model.config.hidden_size, dtype=torch.float64)
+    assert q.score(h) == pytest.approx(float(torch.sigmoid(h.float() @ p.weight)))
+
+
+def test_probe_for_another_model_is_rejected(tmp_path, tiny_model):
+    other = make_tiny_model(seed=0)
+    p = make_probe(tiny_model)
+    p.meta["hidden_size"] = 48
+    p.weight = torch.randn(48)
+    p.save(tmp_path / "p.safetensors")
+    with pytest.raises(ProbeError, match="another model"):
+        load_probe(tmp_path / "p.safetensors", other)
+    p = make_probe(tiny_model)
+    p.meta["num_layers"] = 7
+    p.save(tmp_path / "q.safetensors")
+    with pytest.raises(ProbeError, match="7-layer"):
+        load_probe(tmp_path / "q.safetensors", other)
+
+
+def test_bad_probe_files(tmp_path):
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ProbeError, match="not a readable"):
+        load_probe(tmp_path / "junk.safetensors")
+    from safetensors.torch import save_file
+    save_file({"weight": torch.zeros(4)}, str(tmp_path / "nometa.safetensors"))
+    with pytest.raises(ProbeError, match="format"):
+        load_probe(tmp_path / "nometa.safetensors")
+    with pytest.raises(ProbeError, match="does not exist"):
+        load_probe(tmp_path / "missing.safetensors")
+
+
+def test_engine_scores_captured_hidden_state(tiny_model):
+    """The engine's probe score equals the probe applied to the hidden state of the last processed position,
+    taken from a plain forward (no extra forward in the engine)."""
+    from switchsd.config import EngineConfig
+    from switchsd.engine import Engine
+    from switchsd.methods import build_policy
+    from switchsd.capture import HiddenCapture
+    probe = make_probe(tiny_model, layer=1, sub="attn")
+    eng = Engine(tiny_model, build_policy("copy"), EngineConfig(max_new_tokens=12, budget=8, stop_at_eos=False),
+                 (), probe=probe)
+    prompt = [5, 9, 11, 3, 7, 5, 9, 11, 3, 7, 5, 9]
+    events = list(eng.generate(prompt))
+    tokens = list(prompt)
+    for e in events:
+        with HiddenCapture(tiny_model, [probe.site]) as cap, torch.no_grad():
+            tiny_model(input_ids=torch.tensor([tokens[:-1]]))
+            want = probe.score(cap.last[probe.site][0, -1])
+        assert e.probe_score == pytest.approx(want, abs=1e-9)
+        tokens += e.new_tokens
