@@ -13,11 +13,13 @@ from .engine import Engine
 from .drafters.eagle3 import Eagle3Drafter, TreeConfig
 from .drafters.eagle3_model import Eagle3LoadError, load_eagle3
 from .drafters.draft_model import DraftModelDrafter
-from .methods import METHODS, NEURAL_METHODS, build_policy
+from .methods import METHODS, NEEDS_NEURAL, NEEDS_PROBE, NEURAL_METHODS, build_policy
+from .probe import ProbeError, load_probe
 from .models import DEFAULT_MODEL, LoadedModel, ModelLoadError, load_model
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 DEFAULT_HEADS = {DEFAULT_MODEL: ASSETS / "eagle3-smollm2-135m"}
+DEFAULT_PROBES = {DEFAULT_MODEL: Path(__file__).resolve().parents[1] / "probes" / "smollm2-135m-instruct.safetensors"}
 
 
 def add_model_args(ap: argparse.ArgumentParser) -> None:
@@ -47,6 +49,9 @@ def add_neural_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--draft", default=None, help="SPS draft model (HF id or folder) sharing the tokenizer")
     ap.add_argument("--neural", default="eagle3", choices=NEURAL_METHODS,
                     help="the neural drafter copyspec falls back to")
+    ap.add_argument("--probe", default="auto", help="copy-intent probe (.safetensors); 'auto': the shipped one")
+    ap.add_argument("--tau", type=float, default=None, help="override the probe's threshold")
+    ap.add_argument("--bandit-c", type=float, default=1.0, help="BanditSpec UCB exploration constant")
     ap.add_argument("--chain", action="store_true", help="EAGLE3: chain drafting instead of the dynamic tree")
     ap.add_argument("--gamma", type=int, default=5, help="chain length (EAGLE3 --chain, SPS)")
     ap.add_argument("--tree-topk", type=int, default=4)
@@ -86,6 +91,19 @@ class Neural:
         try:
             return load_model(self.args.draft, self.lm.dtype, str(self.lm.device)).model
         except (ModelLoadError, ValueError) as e:
+            raise SystemExit(f"error: {e}")
+
+    @functools.cached_property
+    def probe(self):
+        name = getattr(self.args, "probe", "auto")
+        if name in (None, "auto"):
+            path = DEFAULT_PROBES.get(self.lm.name)
+            if path is None or not path.exists():
+                raise SystemExit(f"error: no shipped probe for {self.lm.name}; pass --probe FILE")
+            name = str(path)
+        try:
+            return load_probe(name, self.lm.model)
+        except ProbeError as e:
             raise SystemExit(f"error: {e}")
 
     def make(self, kind: str, cfg: EngineConfig, seed: int = 0):
@@ -139,13 +157,17 @@ def build_engine(method: str, lm: LoadedModel, cfg: EngineConfig, copy: CopyConf
     if method not in METHODS:
         raise SystemExit(f"error: unknown method {method!r}; choose from {', '.join(METHODS)}")
     eos = lm.eos_ids()
-    drafter = None
-    if neural is not None and method in NEURAL_METHODS:
-        drafter = neural.make(method, cfg, seed)
-    elif neural is not None and method == "copyspec" and neural.available(neural.args.neural):
-        drafter = neural.make(neural.args.neural, cfg, seed)
+    drafter, probe, tau = None, None, None
+    if neural is not None:
+        kind = {"switchsd": "eagle3", "switchsd-sps": "sps"}.get(method, method if method in NEURAL_METHODS
+                                                                  else neural.args.neural)
+        if method in NEEDS_NEURAL or (method == "copyspec" and neural.available(kind)):
+            drafter = neural.make(kind, cfg, seed)
+        if method in NEEDS_PROBE:
+            probe = neural.probe
+            tau = neural.args.tau if getattr(neural.args, "tau", None) is not None else probe.tau
     try:
-        policy = build_policy(method, eos, copy, drafter)
+        policy = build_policy(method, eos, copy, drafter, tau, getattr(neural.args, "bandit_c", 1.0) if neural else 1.0)
     except ValueError as e:
         raise SystemExit(f"error: {e}")
-    return Engine(lm.model, policy, cfg, eos, lm.max_length)
+    return Engine(lm.model, policy, cfg, eos, lm.max_length, probe=probe)
