@@ -27,7 +27,10 @@ from .cli_common import (Neural, add_decode_args, add_model_args, add_neural_arg
                          engine_config, load, resolve_budget)
 from .datasets import DATASETS, load_prompts
 from .events import summarize
+from .drafters.oracle import OracleDrafter
+from .engine import Engine
 from .methods import METHODS
+from .policies import Fixed
 
 
 def aggregate(records: list[dict], vanilla_ids: dict) -> dict:
@@ -55,12 +58,15 @@ def aggregate(records: list[dict], vanilla_ids: dict) -> dict:
 
 
 def table(summary: dict) -> str:
-    rows = ["| method | Tok/s (mean) | Tok/s (total) | speedup | tau | paths: % iters / MAL | identical |",
-            "|---|---|---|---|---|---|---|"]
+    orc = any("of_oracle" in s for s in summary.values())
+    rows = ["| method | Tok/s (mean) | Tok/s (total) | speedup |" + (" of oracle |" if orc else "") +
+            " tau | paths: % iters / MAL | identical |",
+            "|---|---|---|---|" + ("---|" if orc else "") + "---|---|---|"]
     for m, s in summary.items():
         paths = ", ".join(f"{k} {v['pct']:.1f}% / {v['mal']:.2f}" for k, v in s["paths"].items())
-        rows.append(f"| {m} | {s['tok_s']:.2f} | {s['tok_s_total']:.2f} | {s['speedup']:.2f}x | {s['tau']:.2f} | "
-                    f"{paths} | {s['identical']}/{s['n']} |")
+        rows.append(f"| {m} | {s['tok_s']:.2f} | {s['tok_s_total']:.2f} | {s['speedup']:.2f}x |" +
+                    (f" {100 * s.get('of_oracle', 0):.0f}% |" if orc else "") +
+                    f" {s['tau']:.2f} | {paths} | {s['identical']}/{s['n']} |")
     return "\n".join(rows)
 
 
@@ -79,11 +85,11 @@ def main(argv=None) -> None:
     add_neural_args(ap)
     args = ap.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in methods if m not in METHODS]
+    bad = [m for m in methods if m not in METHODS and m != "oracle"]
     if bad or not methods:
         ap.error(f"unknown method(s) {bad}; choose from {', '.join(METHODS)}")
-    if "vanilla" not in methods:
-        methods.insert(0, "vanilla")  # the reference for identity and speedup
+    # vanilla first: the reference for identity, speedup and the oracle's continuation
+    methods = ["vanilla"] + [m for m in dict.fromkeys(methods) if m != "vanilla"]
     try:
         prompts = load_prompts(args.dataset, args.data_file, args.limit, args.category)
     except (ValueError, FileNotFoundError) as e:
@@ -98,9 +104,13 @@ def main(argv=None) -> None:
     if too_long:
         ap.error(f"prompts longer than the model's context ({lm.max_length}): {too_long[:5]}")
     neural = Neural(args, lm)
-    engines = {m: build_engine(m, lm, cfg, copy, neural) for m in methods}
+    engines = {m: build_engine(m, lm, cfg, copy, neural) for m in methods if m != "oracle"}
+    eos = lm.eos_ids()
+    oracle = lambda ref: Engine(lm.model, Fixed([OracleDrafter(ref)]), cfg, eos, lm.max_length)
     # Warm-up: every method once on the first prompt (not timed, not recorded).
     for m in methods:
+        if m == "oracle":
+            continue
         warm = build_engine(m, lm, engine_config(argparse.Namespace(**{**vars(args), "max_new_tokens": 16}), budget),
                             copy, neural)
         for _ in range(args.warmup):
@@ -111,7 +121,8 @@ def main(argv=None) -> None:
     bar = tqdm(total=len(encoded) * len(methods), desc=f"bench {args.dataset}", unit="gen", file=sys.stderr)
     for pid, ids in encoded:
         for m in methods:
-            res = engines[m].run(ids, torch.Generator().manual_seed(0))
+            eng = oracle(ids + vanilla_ids[pid]) if m == "oracle" else engines[m]
+            res = eng.run(ids, torch.Generator().manual_seed(0))
             if m == "vanilla":
                 vanilla_ids[pid] = res.token_ids
             records[m].append({"id": pid, "prompt_tokens": len(ids), "token_ids": res.token_ids,
@@ -123,6 +134,9 @@ def main(argv=None) -> None:
     base = summary["vanilla"]["tok_s"]
     for s in summary.values():
         s["speedup"] = s["tok_s"] / base if base else 0.0
+    if "oracle" in summary:
+        for s in summary.values():
+            s["of_oracle"] = s["speedup"] / summary["oracle"]["speedup"] if summary["oracle"]["speedup"] else 0.0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"dataset": args.dataset, "n_prompts": len(encoded), "methods": methods, "model": lm.name,
@@ -139,6 +153,7 @@ def main(argv=None) -> None:
     print(md)
     print(json.dumps({"methods": {m: {"tok_s": round(s["tok_s"], 3), "speedup": round(s["speedup"], 3),
                                       "tau": round(s["tau"], 3), "identical": s["identical"], "n": s["n"],
+                                      **({"of_oracle": round(s["of_oracle"], 3)} if "of_oracle" in s else {}),
                                       "paths": {k: {"pct": round(v["pct"], 2), "mal": round(v["mal"], 3)}
                                                 for k, v in s["paths"].items()}}
                                   for m, s in summary.items()}}))

@@ -166,6 +166,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--gen-batch", type=int, default=32)
+    ap.add_argument("--gen-dtype", default="float32", help="dtype of the target while it writes the data "
+                    "(bfloat16 is ~2x faster on CPUs with AVX-512 BF16; training always reads fp32 weights)")
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--rope-theta", type=float, default=None, help="default: the target's")
     ap.add_argument("--ttt", type=int, default=5, help="training-time-test steps K")
@@ -178,7 +180,7 @@ def main(argv=None) -> None:
     ap.add_argument("--stage", choices=["all", "data", "train", "export"], default="all")
     args = ap.parse_args(argv)
     work = Path(args.work)
-    lm = load_model(args.target, dtype="float32")
+    lm = load_model(args.target, dtype=args.gen_dtype if args.stage in ("all", "data") else "float32")
     lm.tokenizer.padding_side = "left"
     tc = lm.model.config
     L = tc.num_hidden_layers
@@ -187,6 +189,8 @@ def main(argv=None) -> None:
         build(lm, build_prompts(args.prompts, args.seed), work / "data", layers, args.max_new_tokens, args.gen_batch)
         if args.stage == "data":
             return
+        if lm.dtype != torch.float32:
+            lm = load_model(args.target, dtype="float32")
     torch.manual_seed(args.seed)
     samples = load_samples(work / "data")
     rng = random.Random(args.seed)

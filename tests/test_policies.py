@@ -93,3 +93,16 @@ def test_switchsd_and_bandit_greedy_equal_vanilla(tiny_model, method):
                     if e.path == "copy":
                         assert e.gate["copy"] and e.probe_score >= tau and e.gate["kgram_match"]
     assert {"copy", "neural"} <= paths
+
+
+def test_oracle_accepts_everything(tiny_model):
+    from switchsd.drafters.oracle import OracleDrafter
+    from switchsd.policies import Fixed
+    ids = random_prompt(4, 10)
+    cfg = EngineConfig(max_new_tokens=30, budget=8, stop_at_eos=False)
+    want = greedy_reference(tiny_model, ids, 30, eos=None)
+    res = Engine(tiny_model, Fixed([OracleDrafter(ids + want)]), cfg, ()).run(ids)
+    assert res.token_ids == want
+    for e in res.events:
+        assert len(e.accepted) == len(e.tree_tokens) - 1, "the oracle's drafts are all accepted at T=0"
+    assert res.stats["tau"] == pytest.approx(30 / len(res.events)) and res.stats["tau"] > 7
