@@ -60,9 +60,12 @@ def main(argv=None) -> None:
     ap.add_argument("--sets", default="copydiversity,constructed,natural,mtbench")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--gen-dtype", default="float32", help="dtype of the target while it writes completions "
+                    "(bfloat16 ~2x faster on AVX-512 BF16 CPUs); hidden states are always read in float32")
     args = ap.parse_args(argv)
     out = Path(args.out)
     lm = load_model(args.model, dtype="float32")
+    writer = lm if args.gen_dtype in ("float32", "fp32") else load_model(args.model, dtype=args.gen_dtype)
     sets = [s.strip() for s in args.sets.split(",") if s.strip()]
     for name in sets:
         d = out / name
@@ -73,7 +76,7 @@ def main(argv=None) -> None:
         elif name == "mtbench":
             rows = [{"id": i, "prompt": p["prompt"], "split": "eval"} for i, p in enumerate(load_prompts("mtbench"))]
         if name in ("copydiversity", "mtbench"):
-            recs = complete(lm, rows, d / "completions.jsonl", args.max_new_tokens, args.batch)
+            recs = complete(writer, rows, d / "completions.jsonl", args.max_new_tokens, args.batch)
             seqs = [(r["id"], r["prompt_ids"] + r["completion_ids"], len(r["prompt_ids"])) for r in recs]
         elif name == "constructed":
             seqs = constructed_sequences(args.n_ablation, 192, lm.model.config.vocab_size, args.seed)

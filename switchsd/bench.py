@@ -85,7 +85,7 @@ def main(argv=None) -> None:
     add_neural_args(ap)
     args = ap.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in methods if m not in METHODS and m != "oracle"]
+    bad = [m for m in methods if m.partition("@")[0] not in METHODS and m != "oracle"]
     if bad or not methods:
         ap.error(f"unknown method(s) {bad}; choose from {', '.join(METHODS)}")
     # vanilla first: the reference for identity, speedup and the oracle's continuation

@@ -106,6 +106,13 @@ class Neural:
         except ProbeError as e:
             raise SystemExit(f"error: {e}")
 
+    def with_overrides(self, overrides: dict) -> "Neural":
+        """A view with other drafting options that shares the loaded weights."""
+        import copy as _copy
+        other = _copy.copy(self)
+        other.args = argparse.Namespace(**{**vars(self.args), **overrides})
+        return other
+
     def make(self, kind: str, cfg: EngineConfig, seed: int = 0):
         a = self.args
         gen = torch.Generator().manual_seed(seed + 1)
@@ -152,8 +159,25 @@ def copy_config(args) -> CopyConfig:
         raise SystemExit(f"error: {e}")
 
 
+def parse_method(spec: str) -> tuple[str, dict]:
+    """'eagle3@chain4' -> ('eagle3', {chain: True, gamma: 4}); 'switchsd@tree4x5x24' -> tree top_k 4, depth 5,
+    24 nodes. Lets one bench run compare drafting shapes side by side."""
+    base, _, var = spec.partition("@")
+    if not var:
+        return base, {}
+    import re
+    if m := re.fullmatch(r"chain(\d+)", var):
+        return base, {"chain": True, "gamma": int(m[1])}
+    if m := re.fullmatch(r"tree(\d+)x(\d+)x(\d+)", var):
+        return base, {"chain": False, "tree_topk": int(m[1]), "tree_depth": int(m[2]), "tree_tokens": int(m[3])}
+    raise SystemExit(f"error: bad method variant {spec!r}: use NAME@chainG or NAME@treeKxDxN")
+
+
 def build_engine(method: str, lm: LoadedModel, cfg: EngineConfig, copy: CopyConfig,
                  neural: Neural | None = None, seed: int = 0) -> Engine:
+    method, variant = parse_method(method)
+    if variant and neural is not None:
+        neural = neural.with_overrides(variant)
     if method not in METHODS:
         raise SystemExit(f"error: unknown method {method!r}; choose from {', '.join(METHODS)}")
     eos = lm.eos_ids()
