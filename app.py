@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from app.studio import Resources, build_demo
+from app.render import CSS, HEAD_JS
+from app.resources import Resources
+from app.studio import build_demo
 
 
 def main(argv=None) -> None:
@@ -13,13 +15,15 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default=None)
     ap.add_argument("--eagle", default="auto", help="EAGLE3 head folder or HF id (auto: the shipped head)")
     ap.add_argument("--draft", default=None, help="SPS draft model (HF id or folder)")
+    ap.add_argument("--probe", default="auto", help="copy-intent probe (.safetensors; auto: the shipped one)")
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default: localhost only)")
     ap.add_argument("--port", type=int, default=7860)
     ap.add_argument("--share", action="store_true", help="create a public Gradio link")
     args = ap.parse_args(argv)
     demo = build_demo(Resources(model_name=args.model, dtype=args.dtype, device=args.device, eagle=args.eagle,
-                                draft=args.draft))
-    demo.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, share=args.share)
+                                draft=args.draft, probe=args.probe))
+    demo.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, share=args.share,
+                                                   head=HEAD_JS, css=CSS)
 
 
 if __name__ == "__main__":

@@ -1,127 +1,147 @@
-"""The studio's layout and handlers. `build_demo(resources)` returns a gr.Blocks (no server started)."""
+"""The studio's layout and event wiring. `build_demo(resources)` returns a gr.Blocks (no server started)."""
 from __future__ import annotations
 
-import threading
-import time
-from dataclasses import dataclass, field
-
 import gradio as gr
-import torch
 
-from types import SimpleNamespace
-
-from switchsd.calibrate import load_budget
-from switchsd.cli_common import Neural, build_engine
-from switchsd.config import CopyConfig, EngineConfig, SamplingConfig
-from switchsd.events import summarize
 from switchsd.methods import METHODS
-from switchsd.models import LoadedModel, load_model
 
-from .render import tokens_html
+from . import handlers, plots, probelab
+from .render import CSS, HEAD_JS
+from .resources import Resources, UserError
 
 PRESETS = {
     "JSON echo (copy-heavy)": 'Repeat this JSON exactly, then stop: {"name": "Alice", "age": 30, "city": "Paris", '
                               '"skills": ["python", "sql", "statistics"], "active": true}',
-    "Accidental repetition (math)": "Let n be a positive integer. Show that n^2 + n is even, using n = 2k and n = 2k + 1.",
+    "Code rewrite (copy-heavy)": "Add type hints to this function and keep everything else identical:\n\n"
+                                 "def moving_average(values, window):\n    result = []\n"
+                                 "    for i in range(len(values) - window + 1):\n"
+                                 "        result.append(sum(values[i:i + window]) / window)\n    return result",
+    "Accidental repetition (math)": "Let n be a positive integer. Show that n^2 + n is even by considering "
+                                    "n = 2k and n = 2k + 1.",
     "Free-form story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 }
-MAX_PROMPT_CHARS = 20000
 
 
-@dataclass
-class Resources:
-    """Models load once, lazily, behind a lock."""
-    model_name: str | None = None
-    dtype: str = "auto"
-    device: str | None = None
-    eagle: str = "auto"
-    draft: str | None = None
-    _lm: LoadedModel | None = None
-    _neural: Neural | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def lm(self) -> LoadedModel:
-        with self._lock:
-            if self._lm is None:
-                self._lm = load_model(self.model_name, self.dtype, self.device)
-                opts = SimpleNamespace(eagle=self.eagle, draft=self.draft, neural="eagle3", chain=False, gamma=5,
-                                       tree_topk=4, tree_depth=5, tree_tokens=24)
-                self._neural = Neural(opts, self._lm)
-            return self._lm
-
-    def neural(self) -> Neural:
-        self.lm()
-        return self._neural
-
-
-def generate_stream(res: Resources, prompt: str, method: str, temperature: float, max_new_tokens: int,
-                    chat: bool):
-    if not prompt or not prompt.strip():
-        raise gr.Error("The prompt is empty.")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise gr.Error(f"The prompt is longer than {MAX_PROMPT_CHARS} characters.")
-    if method not in METHODS:
-        raise gr.Error(f"Unknown method {method!r}.")
-    yield "", "Loading the model (first run only)…"
-    try:
-        lm = res.lm()
-    except Exception as e:  # shown in the UI, never as a traceback
-        raise gr.Error(f"Could not load the model: {e}")
-    ids = lm.encode(prompt, chat=chat)
-    if len(ids) >= lm.max_length:
-        raise gr.Error(f"The prompt has {len(ids)} tokens; the model's context is {lm.max_length}.")
-    budget, _ = load_budget(lm)
-    try:
-        cfg = EngineConfig(max_new_tokens=int(max_new_tokens), budget=budget,
-                           sampling=SamplingConfig(temperature=float(temperature)))
-    except ValueError as e:
-        raise gr.Error(str(e))
-    try:
-        engine = build_engine(method, lm, cfg, CopyConfig(), res.neural())
-    except SystemExit as e:  # the CLI builders report problems as SystemExit("error: ...")
-        raise gr.Error(str(e).removeprefix("error: "))
-    events, t0, last = [], time.perf_counter(), 0.0
-    try:
-        for e in engine.generate(ids, torch.Generator().manual_seed(0)):
-            events.append(e)
-            now = time.perf_counter()
-            if now - last > 0.25 or e.finished:  # refresh a few times a second, not per token
-                last = now
-                s = summarize(events, now - t0)
-                yield tokens_html(lm.tokenizer, events), _status(s)
-    finally:
-        engine.close()
-
-
-def _status(s: dict) -> str:
-    paths = ", ".join(f"{k} {v['pct']:.0f}% (MAL {v['mal']:.2f})" for k, v in s["paths"].items())
-    return (f"{s['new_tokens']} tokens · {s['steps']} target forwards · tau {s['tau']:.2f} · "
-            f"{s['tok_s']:.1f} tok/s · {paths}")
+def _ui_error(fn):
+    """Turn UserError into a visible gr.Error (no tracebacks in the page)."""
+    def wrapped(*a):
+        try:
+            return fn(*a)
+        except UserError as e:
+            raise gr.Error(str(e))
+    return wrapped
 
 
 def build_demo(res: Resources) -> gr.Blocks:
     with gr.Blocks(title="SwitchSD Studio") as demo:
-        gr.Markdown("# SwitchSD Studio\nSpeculative decoding that copies from the context when the model "
-                    "intends to copy. Tokens are coloured by the path that drafted them.")
-        with gr.Tab("Generate"):
+        gr.HTML(f"<style>{CSS}</style>")
+        gr.Markdown("# SwitchSD Studio\nSpeculative decoding that copies from the context only when the model "
+                    "itself intends to copy. Every token is coloured by the path that drafted it.")
+        model_status = gr.Markdown(res.status(), elem_id="model-status")
+        with gr.Tab("Generate", id="tab-generate"):
             with gr.Row():
-                with gr.Column(scale=2):
-                    preset = gr.Dropdown(list(PRESETS), label="Preset", value=None)
+                with gr.Column(scale=3):
+                    preset = gr.Dropdown(list(PRESETS), label="Preset", value=None, elem_id="preset")
                     prompt = gr.Textbox(label="Prompt", lines=5, elem_id="prompt",
                                         value=PRESETS["JSON echo (copy-heavy)"])
-                with gr.Column(scale=1):
-                    method = gr.Dropdown(list(METHODS), value="copy", label="Method")
-                    temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature")
-                    max_new = gr.Slider(1, 1024, value=128, step=1, label="Max new tokens")
+                with gr.Column(scale=2):
+                    method = gr.Dropdown(list(METHODS), value="switchsd", label="Method", elem_id="method")
+                    with gr.Row():
+                        temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature")
+                        max_new = gr.Slider(1, handlers.MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens")
                     chat = gr.Checkbox(value=True, label="Chat template")
+                    with gr.Accordion("Gate and drafter knobs", open=False):
+                        with gr.Row():
+                            tau_on = gr.Checkbox(False, label="override the probe's tau")
+                            tau = gr.Slider(0.0, 1.0, value=0.5, step=0.01, label="tau")
+                        with gr.Row():
+                            kappa = gr.Number(5, label="kappa", precision=0, minimum=1, maximum=32)
+                            width = gr.Number(10, label="W candidates", precision=0, minimum=1, maximum=64)
+                            depth = gr.Number(20, label="D tokens", precision=0, minimum=1, maximum=64)
+                            gamma = gr.Number(0, label="gamma (0: EAGLE tree)", precision=0, minimum=0, maximum=16)
                     with gr.Row():
                         run = gr.Button("Generate", variant="primary", elem_id="run")
                         stop = gr.Button("Stop", elem_id="stop")
             status = gr.Markdown(elem_id="status")
-            tokens = gr.HTML(elem_id="tokens-box")
+            tokens = gr.HTML(elem_id="tokens-view")
+            with gr.Row():
+                p_accept = gr.Plot(elem_id="plot-accept", show_label=False)
+                p_probe = gr.Plot(elem_id="plot-probe", show_label=False)
+            with gr.Row():
+                p_rate = gr.Plot(elem_id="plot-copy-rate", show_label=False)
+                p_toks = gr.Plot(elem_id="plot-toks", show_label=False)
+        run_state = gr.State(None)
+        with gr.Tab("Race", id="tab-race"):
+            gr.Markdown("SwitchSD vs EAGLE3 vs CopySpec on one prompt. The methods run **one at a time** and are "
+                        "replayed on a common clock, each timed by its own steps.")
+            with gr.Row():
+                race_prompt = gr.Textbox(label="Prompt", lines=3, value=PRESETS["Code rewrite (copy-heavy)"],
+                                         elem_id="race-prompt", scale=3)
+                with gr.Column(scale=1):
+                    race_max = gr.Slider(1, 512, value=96, step=1, label="Max new tokens")
+                    race_vanilla = gr.Checkbox(value=False, label="Show the vanilla lane")
+                    race_run = gr.Button("Race", variant="primary", elem_id="race-run")
+            race_status = gr.Markdown(elem_id="race-status")
+            race_lanes = gr.HTML(elem_id="race-lanes")
+            with gr.Row():
+                race_toks = gr.Plot(elem_id="race-plot-toks", show_label=False)
+                race_tau = gr.Plot(elem_id="race-plot-tau", show_label=False)
+        with gr.Tab("Probe lab", id="tab-probe"):
+            with gr.Row():
+                with gr.Column(scale=2):
+                    probe_a = gr.Dropdown(res.shipped_probes(), label="Probe", value=(res.shipped_probes() or [None])[0],
+                                          allow_custom_value=True, elem_id="probe-a")
+                    probe_b = gr.Dropdown([""] + res.shipped_probes(), label="Compare with (optional)", value="",
+                                          allow_custom_value=True, elem_id="probe-b")
+                    upload = gr.File(label="…or upload a .safetensors probe", file_types=[".safetensors"],
+                                     elem_id="probe-upload")
+                with gr.Column(scale=3):
+                    lab_text = gr.Textbox(label="Text (or a prompt to generate from)", lines=5,
+                                          value=PRESETS["JSON echo (copy-heavy)"], elem_id="lab-text")
+                    with gr.Row():
+                        lab_gen = gr.Checkbox(value=True, label="Generate a completion first")
+                        lab_run = gr.Button("Score", variant="primary", elem_id="lab-run")
+            lab_tau = gr.Slider(0.0, 1.0, value=0.5, step=0.01, label="threshold (re-colours instantly)",
+                                elem_id="lab-tau")
+            lab_view = gr.HTML(elem_id="lab-view")
+            lab_layers = gr.Plot(elem_id="plot-layers", show_label=False)
+            lab_state = gr.State(None)
+        with gr.Tab("Step inspector", id="tab-inspect"):
+            with gr.Row():
+                with gr.Column(scale=3):
+                    insp_step = gr.Slider(0, 200, value=0, step=1, label="step (of the last Generate run)",
+                                          elem_id="inspect-step")
+                    insp_view = gr.HTML(elem_id="inspect-view")
+                with gr.Column(scale=2):
+                    gr.Markdown(handlers.EXPLANATION)
+
+        # -- wiring ---------------------------------------------------------------------------------------
         preset.change(lambda p: PRESETS.get(p, gr.skip()), preset, prompt, queue=False)
-        ev = run.click(lambda *a: (yield from generate_stream(res, *a)),
-                       [prompt, method, temperature, max_new, chat], [tokens, status],
-                       concurrency_limit=1, concurrency_id="device", api_name="generate")
-        stop.click(None, cancels=[ev], queue=False)
+        def gen(p, m, t, n, c, on, tau_, k, w, d, g):
+            yield from handlers.generate(res, p, m, t, n, c, tau_ if on else None, k, w, d, g)
+
+        gen_ev = run.click(gen, [prompt, method, temperature, max_new, chat, tau_on, tau, kappa, width, depth, gamma],
+                           [tokens, status, p_accept, p_probe, p_rate, p_toks, run_state],
+                           concurrency_limit=1, concurrency_id="device", api_name="generate")
+        gen_ev.then(lambda: res.status(), None, model_status, queue=False)
+        gen_ev.then(lambda st: gr.update(maximum=max(0, len(st["events"]) - 1) if st else 0), run_state, insp_step,
+                    queue=False)
+        stop.click(None, cancels=[gen_ev], queue=False)
+        race_run.click(lambda *a: (yield from handlers.race(res, *a)), [race_prompt, race_max, chat, race_vanilla],
+                       [race_lanes, race_status, race_toks, race_tau], concurrency_limit=1,
+                       concurrency_id="device", api_name="race")
+
+        def lab(a, b, up, text, gen):
+            paths = [up if up else a] + ([b] if b else [])
+            st = probelab.score_text(res, paths, text, gen)
+            meta = st["meta"][0]
+            return st, probelab.render(res, st, st["taus"][0]), plots.layer_plot(meta.get("per_layer", [])), \
+                st["taus"][0]
+
+        lab_run.click(_ui_error(lab), [probe_a, probe_b, upload, lab_text, lab_gen],
+                      [lab_state, lab_view, lab_layers, lab_tau], concurrency_limit=1, concurrency_id="device",
+                      api_name="probe_lab")
+        lab_tau.release(_ui_error(lambda st, t: probelab.render(res, st, t)), [lab_state, lab_tau], lab_view,
+                        queue=False)
+        insp_step.change(lambda st, s: handlers.explain_step(st, s), [run_state, insp_step], insp_view, queue=False)
     return demo

@@ -165,7 +165,10 @@ class Engine:
                 step=step, path=chosen.path if chosen else "vanilla", drafter=chosen.name if chosen else None,
                 candidates=[[tree.tokens[r] for r in cr] for cr in tree.cand_rows],
                 tree_tokens=list(tree.tokens), tree_parents=list(tree.parents), accepted_rows=rows,
-                accepted=[tree.tokens[r] for r in rows], bonus=bonus if len(new) == len(rows) + 1 else None,
+                accepted=[tree.tokens[r] for r in rows],
+                accepted_candidate=next((c for c, cr in enumerate(tree.cand_rows) if rows and cr[:len(rows)] == rows),
+                                        None),
+                bonus=bonus if len(new) == len(rows) + 1 else None,
                 new_tokens=new, position=position, probe_score=score, gate=gate,
                 match=draft.match if chosen else None, timings=timings, finished=finished, hidden=hidden)
             self.policy.observe(event)

@@ -23,6 +23,7 @@ class StepEvent:
     tree_parents: list[int]         # parent row of each verify row (-1 for the pending row)
     accepted_rows: list[int]        # trie rows accepted, root to leaf
     accepted: list[int]             # accepted draft tokens
+    accepted_candidate: int | None  # index in `candidates` whose prefix was accepted (None: nothing accepted)
     bonus: int | None               # the target's own token (None if cut by EOS / max_new_tokens)
     new_tokens: list[int]           # tokens committed this step (accepted + bonus, after cuts)
     position: int                   # index in the full sequence of new_tokens[0]

@@ -39,7 +39,7 @@ def test_gate_truth_table(score, match, fires):
 
 def event(path, n_new, secs):
     return StepEvent(step=0, path=path, drafter=None, candidates=[], tree_tokens=[0], tree_parents=[-1],
-                     accepted_rows=[], accepted=[], bonus=0, new_tokens=[0] * n_new, position=0,
+                     accepted_rows=[], accepted=[], accepted_candidate=None, bonus=0, new_tokens=[0] * n_new, position=0,
                      timings={"total": secs})
 
 

@@ -1,0 +1,195 @@
+"""Event handlers of the studio. They consume the engine's StepEvent stream; none of them decodes by itself.
+Each returns/yields plain values (HTML strings, Plotly figures, state) so they can be tested without a browser."""
+from __future__ import annotations
+
+import html
+import time
+from typing import Iterator
+
+import gradio as gr
+import torch
+
+from switchsd.events import StepEvent, summarize
+
+from . import plots
+from .render import tokens_html
+from .resources import Resources, UserError
+
+MAX_PROMPT_CHARS = 20000
+MAX_NEW_TOKENS = 1024
+REFRESH_S = 0.3            # plots refresh a few times a second, not per token
+
+
+def check_prompt(res: Resources, prompt: str, chat: bool) -> list[int]:
+    if prompt is None or not prompt.strip():
+        raise UserError("The prompt is empty: type something or pick a preset.")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise UserError(f"The prompt has {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}.")
+    lm = res.lm()
+    try:
+        ids = lm.encode(prompt, chat=chat)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if len(ids) + 1 >= lm.max_length:
+        raise UserError(f"The prompt has {len(ids)} tokens; the model's context is {lm.max_length}.")
+    return ids
+
+
+def check_max_new(n) -> int:
+    try:
+        n = int(n)
+    except (TypeError, ValueError):
+        raise UserError("Max new tokens must be a whole number.") from None
+    if not 1 <= n <= MAX_NEW_TOKENS:
+        raise UserError(f"Max new tokens must be between 1 and {MAX_NEW_TOKENS}.")
+    return n
+
+
+def status_line(s: dict) -> str:
+    paths = ", ".join(f"{k} {v['pct']:.0f}% of steps (MAL {v['mal']:.2f})" for k, v in s["paths"].items())
+    return (f"**{s['new_tokens']} tokens** · {s['steps']} target forwards · tau {s['tau']:.2f} tokens/forward · "
+            f"**{s['tok_s']:.1f} tok/s** · {paths}")
+
+
+def engine_tau(engine) -> float:
+    return getattr(engine.policy, "tau", None) or (engine.probe.tau if engine.probe is not None else 0.5)
+
+
+def generate(res: Resources, prompt: str, method: str, temperature: float, max_new: int, chat: bool,
+             tau: float | None, kappa: int, width: int, depth: int, gamma: int) -> Iterator[tuple]:
+    """Streams (tokens html, status, accept fig, probe fig, copy-rate fig, tok/s fig, events)."""
+    try:
+        yield gr.skip(), "Loading the model (first run only)…", gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        ids = check_prompt(res, prompt, chat)
+        max_new = check_max_new(max_new)
+        engine = res.engine(method, max_new, temperature, tau, kappa, width, depth, gamma)
+    except UserError as e:
+        raise gr.Error(str(e))
+    except Exception as e:  # loading failures: shown in the UI, never a traceback
+        raise gr.Error(f"{e.__class__.__name__}: {e}")
+    lm = res.lm()
+    t_tau = engine_tau(engine)
+    events: list[StepEvent] = []
+    t0, last = time.perf_counter(), 0.0
+    try:
+        for e in engine.generate(ids, torch.Generator().manual_seed(0)):
+            events.append(e)
+            now = time.perf_counter()
+            if now - last >= REFRESH_S or e.finished:
+                last = now
+                s = summarize(events, now - t0)
+                yield (tokens_html(lm.tokenizer, events, t_tau, ids), status_line(s), plots.accept_plot(events),
+                       plots.probe_plot(events, t_tau), plots.copy_rate_plot(events),
+                       plots.toks_plot({method: plots.timeline(events)}),
+                       {"events": events, "prompt": ids, "tau": t_tau, "method": method, "tokenizer": lm.tokenizer})
+    finally:
+        engine.close()
+
+
+def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bool, replay_speed: float = 4.0):
+    """SwitchSD vs EAGLE3 vs CopySpec on one prompt. Methods run one at a time (never concurrently on one
+    device), each timed by its own step timings; the lanes are then replayed on a common clock."""
+    try:
+        ids = check_prompt(res, prompt, chat)
+        max_new = check_max_new(max_new)
+        methods = ["vanilla", "switchsd", "eagle3", "copyspec"]   # vanilla: the reference of the lossless badge
+        engines = {m: res.engine(m, max_new) for m in methods}
+    except UserError as e:
+        raise gr.Error(str(e))
+    except Exception as e:
+        raise gr.Error(f"{e.__class__.__name__}: {e}")
+    lm = res.lm()
+    runs = {}
+    for i, m in enumerate(methods):
+        yield _race_frame(lm, runs, {}, with_vanilla, f"running {m} ({i + 1}/{len(methods)})…", None)
+        gen = engines[m].run(ids, torch.Generator().manual_seed(0))
+        engines[m].close()
+        runs[m] = gen
+    ref = runs["vanilla"].token_ids
+    clocks = {m: plots.timeline(g.events) for m, g in runs.items()}
+    end = max(ts[-1] for ts, _ in clocks.values() if ts)
+    t, step = 0.0, end / 40
+    while True:
+        t = min(end, t + step)
+        cut = {m: sum(1 for x in clocks[m][0] if x <= t) for m in runs}
+        yield _race_frame(lm, runs, cut, with_vanilla, f"replay at {t:.2f} s of {end:.2f} s (common clock)", ref)
+        if t >= end:
+            break
+        time.sleep(step / replay_speed)
+
+
+def _race_frame(lm, runs, cut, with_vanilla, status, ref):
+    from .render import lane_html
+    lanes = []
+    shown = {m: g for m, g in runs.items() if with_vanilla or m != "vanilla"}
+    for m, g in shown.items():
+        evs = g.events[:cut.get(m, len(g.events))]
+        s = summarize(g.events, g.stats["wall_s"])
+        lossless = None if ref is None or m == "vanilla" else g.token_ids == ref
+        lanes.append(lane_html(m, lm.tokenizer, evs, lossless,
+                               f"{s['new_tokens']} tokens in {s['wall_s']:.2f} s · {s['tok_s']:.1f} tok/s · "
+                               f"tau {s['tau']:.2f}"))
+    series = {m: plots.timeline(g.events) for m, g in shown.items()}
+    lanes_ev = {m: g.events[:cut.get(m, len(g.events))] for m, g in shown.items()}
+    rates = {m: (series[m][0], series[m][1]) for m in shown}
+    return ("".join(lanes) or "<i>no lanes yet</i>", status, plots.toks_plot(rates), plots.tau_plot(lanes_ev))
+
+
+def explain_step(state: dict | None, step: int) -> str:
+    """The step inspector: candidates as a trie, accepted / rejected nodes, bonus, gate decision."""
+    if not state or not state.get("events"):
+        return "<i>Generate something first; then pick a step.</i>"
+    events = state["events"]
+    step = max(0, min(int(step), len(events) - 1))
+    e = events[step]
+    tau = state.get("tau", 0.5)
+    from .render import token_text
+    tok = lambda t: html.escape(token_text(_tokenizer_of(state), t)).replace(" ", "␣").replace("\n", "⏎")
+    acc = set(e.accepted_rows)
+    children: dict[int, list[int]] = {}
+    for r in range(1, len(e.tree_tokens)):
+        children.setdefault(e.tree_parents[r], []).append(r)
+
+    def node(r: int) -> str:
+        kids = "".join(node(c) for c in children.get(r, []))
+        cls = "acc" if r in acc else "rej"
+        label = "✓" if r in acc else "✗"
+        return (f'<li><span class="n {cls}" data-row="{r}">{tok(e.tree_tokens[r])} {label}</span>'
+                + (f"<ul>{kids}</ul>" if kids else "") + "</li>")
+
+    tree = "".join(node(c) for c in children.get(0, []))
+    gate = ""
+    if e.gate and "kgram_match" in e.gate:
+        p = e.gate.get("probe")
+        gate = (f"<p><b>Gate:</b> probe {'n/a' if p is None else f'{p:.3f}'} vs tau {e.gate['tau']:.2f}; "
+                f"kappa-gram seen earlier: {'yes' if e.gate['kgram_match'] else 'no'} → "
+                f"<b>{'copy' if e.gate['copy'] else 'neural'}</b> path.</p>")
+    elif e.gate and "arm" in e.gate:
+        gate = f"<p><b>Bandit:</b> UCB picked the {html.escape(str(e.gate['arm']))} arm.</p>"
+    bonus = "none (cut by EOS or the token limit)" if e.bonus is None else tok(e.bonus)
+    return f"""<style>
+.insp ul{{list-style:none;padding-left:18px;margin:2px 0}} .insp .n{{font-family:ui-monospace,monospace;
+padding:1px 5px;border-radius:3px}} .insp .acc{{background:#d3f9d8}} .insp .rej{{background:#ffe3e3}}
+</style><div class="insp"><p><b>Step {e.step}</b> · path <b>{html.escape(e.path)}</b> · verified
+{e.n_verified} tokens in one target forward · accepted {len(e.accepted)} · bonus {bonus}</p>{gate}
+<p>Pending token (root): <span class="n">{tok(e.tree_tokens[0])}</span></p>
+<ul>{tree or '<li><i>no draft: a plain step</i></li>'}</ul></div>"""
+
+
+def _tokenizer_of(state):
+    return state["tokenizer"]
+
+
+EXPLANATION = """**How speculative decoding works.** A cheap *drafter* guesses the next few tokens; the big *target*
+model checks all guesses in **one** forward pass. Every guessed token the target agrees with is kept (✓), the
+first disagreement is replaced by the target's own choice (the *bonus* token), and the rest is thrown away (✗).
+The output is exactly what the target alone would have written — only faster, because one forward can commit
+several tokens.
+
+**Two kinds of drafters.** *Copying* proposes the continuation of an earlier occurrence of the current words
+(free to compute, great when the model really copies). A *neural drafter* (EAGLE3 head, small model) predicts
+from the target's hidden states (robust everywhere).
+
+**SwitchSD's gate.** A linear probe reads the target's hidden state: is the model about to copy? SwitchSD copies
+only if the probe says yes (score ≥ tau) **and** the last kappa tokens occurred earlier; otherwise the neural
+drafter runs. Several copy candidates are merged into a trie and verified together."""
