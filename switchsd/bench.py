@@ -42,9 +42,10 @@ def aggregate(records: list[dict], vanilla_ids: dict) -> dict:
     paths: dict[str, dict] = {}
     for r in records:
         for name, p in r["stats"]["paths"].items():
-            a = paths.setdefault(name, {"steps": 0, "accepted": 0})
+            a = paths.setdefault(name, {"steps": 0, "accepted": 0, "zero": 0})
             a["steps"] += p["steps"]
             a["accepted"] += p["accepted"]
+            a["zero"] += p.get("zero", 0)
     return {
         "tok_s": statistics.mean(rates) if rates else 0.0,
         "tok_s_total": tokens / wall if wall else 0.0,
@@ -52,7 +53,8 @@ def aggregate(records: list[dict], vanilla_ids: dict) -> dict:
         "new_tokens": tokens,
         "identical": sum(r["token_ids"] == vanilla_ids[r["id"]] for r in records),
         "n": len(records),
-        "paths": {k: {"pct": 100.0 * v["steps"] / steps, "mal": v["accepted"] / v["steps"]}
+        "paths": {k: {"pct": 100.0 * v["steps"] / steps, "mal": v["accepted"] / v["steps"],
+                      "zero_accept": v["zero"] / v["steps"]}
                   for k, v in sorted(paths.items())},
     }
 

@@ -52,8 +52,9 @@ def summarize(events: Iterable[StepEvent], wall_s: float | None = None) -> dict:
         wall_s = sum(e.timings.get("total", 0.0) + e.timings.get("prefill", 0.0) for e in events)
     paths: dict[str, dict] = {}
     for e in events:
-        p = paths.setdefault(e.path, {"steps": 0, "accepted": 0, "drafted": 0})
+        p = paths.setdefault(e.path, {"steps": 0, "accepted": 0, "drafted": 0, "zero": 0})
         p["steps"] += 1
+        p["zero"] += not e.accepted     # drafts of which nothing was accepted (the speculation tax)
         p["accepted"] += len(e.accepted)
         p["drafted"] += len(e.tree_tokens) - 1
     for p in paths.values():

@@ -54,6 +54,7 @@ class Eagle3Drafter:
     def reset(self, tokens: Sequence[int]) -> None:
         self.k = self.v = None          # stable KV [1, kvh, S, hd]; S = positions paired so far
         self.pending: list[torch.Tensor] = []   # fused features [n, 3Ht] not yet in the stable cache
+        self.last_out: torch.Tensor | None = None   # output at the last paired position [H]
         self.tokens = tokens
 
     def extend(self, tokens: Sequence[int], n_new: int) -> None:
@@ -81,7 +82,8 @@ class Eagle3Drafter:
         out, k, v = self.head.step(emb, h, pos, self.k, self.v, None)
         self.k = k if self.k is None else torch.cat([self.k, k], 2)
         self.v = v if self.v is None else torch.cat([self.v, v], 2)
-        return out[0, -1]
+        self.last_out = out[0, -1]
+        return self.last_out
 
     def _dist(self, out: torch.Tensor) -> torch.Tensor:
         """Head output [..., H] -> draft distribution over the TARGET vocabulary [..., V] (sampling only)."""
@@ -92,9 +94,10 @@ class Eagle3Drafter:
 
     @torch.inference_mode()
     def propose(self, req: DraftRequest) -> Draft:
-        if not self.pending or req.max_len < 1:
+        if req.max_len < 1 or (not self.pending and self.last_out is None):
             return Draft([])
-        last = self._catch_up()
+        # proposing twice without a commit in between (e.g. a shadow analysis) reuses the last output
+        last = self._catch_up() if self.pending else self.last_out
         base = self.synced        # position of the first draft input (it carries the first draft token)
         if self.chain or self.tree.top_k == 1:
             return self._chain(last, base, min(self.gamma, req.max_len))
