@@ -21,6 +21,7 @@ CSS = """
   background:#212529;color:#f8f9fa;padding:6px 8px;border-radius:6px;font-size:12px;white-space:normal;
   line-height:1.4;pointer-events:none}
 .ssd-tokens .tok:hover .card{display:block}
+.ssd-tokens .tok .card b{color:#fff}
 .ssd-tokens .ctx{color:#495057}
 .ssd-tokens .ctx.src-hi{background:#ffe066}
 .ssd-legend span{padding:1px 6px;margin-right:6px;border-radius:3px;font-size:12px}

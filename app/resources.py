@@ -7,10 +7,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from switchsd.calibrate import load_budget
-from switchsd.cli_common import DEFAULT_PROBES, Neural, build_engine
+from switchsd.cli_common import DEFAULT_HEADS, DEFAULT_PROBES, Neural, build_engine
 from switchsd.config import CopyConfig, EngineConfig, SamplingConfig
 from switchsd.engine import Engine
-from switchsd.models import LoadedModel, load_model
+from switchsd.models import DEFAULT_MODEL, LoadedModel, load_model
 from switchsd.probe import Probe, ProbeError, load_probe
 
 PROBE_DIR = Path(__file__).resolve().parents[1] / "probes"
@@ -37,6 +37,13 @@ class Resources:
             if self._lm is None:
                 self._lm = load_model(self.model_name, self.dtype, self.device)
             return self._lm
+
+    def default_method(self) -> str:
+        """switchsd when its probe and EAGLE3 head are at hand for the default setup, else the copy path."""
+        name = self.model_name or DEFAULT_MODEL
+        head = self.eagle != "auto" or (DEFAULT_HEADS.get(name) is not None and DEFAULT_HEADS[name].exists())
+        probe = self.probe != "auto" or (DEFAULT_PROBES.get(name) is not None and DEFAULT_PROBES[name].exists())
+        return "switchsd" if head and probe else "copy"
 
     def status(self) -> str:
         if self._lm is None:

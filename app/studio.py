@@ -45,7 +45,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                     prompt = gr.Textbox(label="Prompt", lines=5, elem_id="prompt",
                                         value=PRESETS["JSON echo (copy-heavy)"])
                 with gr.Column(scale=2):
-                    method = gr.Dropdown(list(METHODS), value="switchsd", label="Method", elem_id="method")
+                    method = gr.Dropdown(list(METHODS), value=res.default_method(), label="Method", elem_id="method")
                     with gr.Row():
                         temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature")
                         max_new = gr.Slider(1, handlers.MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens")

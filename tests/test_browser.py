@@ -1,0 +1,76 @@
+"""The studio in headless Chromium (Playwright): generate the copy-heavy preset, see coloured token spans and
+the live plots, run the race, open the probe lab. Screenshots go to $SWITCHSD_SCREENSHOTS (the README's
+docs/img when refreshed) or tests/artifacts."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", "--no-first-run", "--disable-quic"]
+
+pytestmark = [pytest.mark.real, pytest.mark.browser,
+              pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (apt-get install chromium)")]
+
+
+@pytest.fixture(scope="module")
+def page():
+    from playwright.sync_api import sync_playwright
+    from app_server import AppServer
+    server = AppServer()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        pg.goto(server.url, wait_until="domcontentloaded", timeout=120_000)
+        pg.wait_for_selector("#run", timeout=120_000)
+        yield pg
+        browser.close()
+    server.close()
+
+
+def shot(page, name: str) -> None:
+    out = Path(os.environ.get("SWITCHSD_SCREENSHOTS", ROOT / "tests" / "artifacts"))
+    out.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(out / f"{name}.png"), full_page=True)
+
+
+def test_generate_copy_heavy_preset(page):
+    page.locator("#prompt textarea").fill('Repeat this JSON exactly, then stop: {"name": "Alice", "age": 30, '
+                                          '"city": "Paris", "skills": ["python", "sql", "statistics"]}')
+    page.locator("#run").click()
+    page.wait_for_selector('#tokens .tok[data-path="copy"]', timeout=120_000)
+    page.wait_for_function("document.querySelector('#status').innerText.includes('tok/s')", timeout=120_000)
+    for pid in ("plot-accept", "plot-copy-rate", "plot-toks"):
+        page.wait_for_selector(f"#{pid} .js-plotly-plot", timeout=60_000)
+    spans = page.locator("#tokens .tok")
+    assert spans.count() > 10
+    first = spans.first
+    assert first.get_attribute("data-step") is not None and first.get_attribute("data-path") is not None
+    page.locator('#tokens .tok[data-path="copy"]').first.hover()
+    shot(page, "generate")
+
+
+def test_race_three_lanes(page):
+    from app.resources import Resources
+    if Resources().default_method() != "switchsd":
+        pytest.skip("the race needs the shipped EAGLE3 head and probe")
+    page.get_by_role("tab", name="Race").click()
+    page.locator("#race-run").click()
+    page.wait_for_function("document.querySelector('#race-status').innerText.includes('replay') && "
+                           "document.querySelectorAll('#race-lanes .ssd-lane').length >= 3", timeout=300_000)
+    shot(page, "race")
+
+
+def test_probe_lab_opens(page):
+    page.get_by_role("tab", name="Probe lab").click()
+    page.wait_for_selector("#lab-run", timeout=30_000)
+    from app.resources import Resources
+    if Resources().shipped_probes():
+        page.locator("#lab-run").click()
+        page.wait_for_selector("#lab-view .ssd-strip .tok", timeout=120_000)
+    shot(page, "probe_lab")
