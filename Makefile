@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test test-fast calibrate clean
+.PHONY: setup browser run test test-fast calibrate clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -16,10 +16,16 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt | $(BIN)/python
 
 setup: $(VENV)/.installed
 
+# Debian's chromium for the browser tests (Playwright cannot download browsers here); best effort as root.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)) \
+	  || echo "chromium not installed: browser tests will be skipped"; }
+
 run: setup            ## start the studio on http://127.0.0.1:7860 (offline SmolLM2)
 	$(BIN)/python app.py $(ARGS)
 
-test: setup           ## the whole test suite (CPU; GPU tests run when CUDA is present)
+test: setup browser   ## the whole test suite (CPU; GPU tests run when CUDA is present)
 	$(BIN)/python -m pytest -q $(ARGS)
 
 test-fast: setup      ## skip tests that load the real model
