@@ -58,7 +58,7 @@ class HiddenCapture:
 
     def rows(self, row: int) -> dict[tuple[int, str], torch.Tensor]:
         """Hidden vectors [d] at verify row `row` of the last forward, for every site."""
-        return {k: v[0, row].detach() for k, v in self.last.items()}
+        return {k: v[0, row].detach().clone() for k, v in self.last.items()}   # a copy: frees the activation
 
     def close(self) -> None:
         for h in self._handles:

@@ -165,7 +165,7 @@ class Engine:
                 step=step, path=chosen.path if chosen else "vanilla", drafter=chosen.name if chosen else None,
                 candidates=[[tree.tokens[r] for r in cr] for cr in tree.cand_rows],
                 tree_tokens=list(tree.tokens), tree_parents=list(tree.parents), accepted_rows=rows,
-                accepted=[tree.tokens[r] for r in rows],
+                accepted=[tree.tokens[r] for r in rows[:len(new)]],   # committed draft tokens
                 accepted_candidate=next((c for c, cr in enumerate(tree.cand_rows) if rows and cr[:len(rows)] == rows),
                                         None),
                 bonus=bonus if len(new) == len(rows) + 1 else None,
