@@ -178,6 +178,8 @@ def main(argv=None) -> None:
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                     help="bfloat16 autocast for the head's matmuls (master weights stay float32)")
     ap.add_argument("--stage", choices=["all", "data", "train", "export"], default="all")
+    ap.add_argument("--init", default=None, help="start from this published-format head (its draft vocabulary "
+                    "is kept), e.g. to continue training the shipped head on new data")
     args = ap.parse_args(argv)
     work = Path(args.work)
     lm = load_model(args.target, dtype=args.gen_dtype if args.stage in ("all", "data") else "float32")
@@ -205,9 +207,15 @@ def main(argv=None) -> None:
                        num_attention_heads=tc.num_attention_heads, num_key_value_heads=tc.num_key_value_heads,
                        head_dim=hd, vocab_size=tc.vocab_size, draft_vocab_size=args.draft_vocab,
                        target_hidden_size=tc.hidden_size, rms_norm_eps=tc.rms_norm_eps, rope_theta=rope)
-    head = Eagle3Head(cfg)
-    head.d2t.copy_(d2t)
-    head.t2d.copy_(t2d)
+    if args.init:
+        from .drafters.eagle3_model import load_eagle3
+        head = load_eagle3(args.init, lm.model).float().requires_grad_(True).train()
+        cfg, t2d = head.config, head.t2d.clone()
+        coverage = float("nan")
+    else:
+        head = Eagle3Head(cfg)
+        head.d2t.copy_(d2t)
+        head.t2d.copy_(t2d)
     embed = lm.model.get_input_embeddings()
     teacher_w = lm.model.get_output_embeddings().weight[t2d].detach()          # [Vd, H], draft-id order
     params = [p for n, p in head.named_parameters()]
