@@ -264,6 +264,25 @@ def main(argv=None) -> None:
             "draft_vocab": args.draft_vocab, "coverage": coverage, "ttt": args.ttt, "epochs": args.epochs,
             "lr": args.lr, "steps": state["step"], "val_acc": state["log"][-1]["val_acc"] if state["log"] else None}
     (out / "training.json").write_text(json.dumps(meta, indent=1))
+    acc = ", ".join(f"{a:.3f}" for a in (meta["val_acc"] or []))
+    (out / "README.md").write_text(f"""# EAGLE-3 head for {lm.name}
+
+Published EAGLE-3 layout (`config.json` + `model.safetensors`, bf16; keys fc, midlayer.*, norm, lm_head, d2t, t2d;
+the embedding comes from the target). Loads with `switchsd.drafters.eagle3_model.load_eagle3`.
+
+- Data: self-distillation. The target answered {len(samples)} prompts of `switchsd/eagle3_prompts.py` (templates
+  over writing, roleplay, reasoning, math, coding, extraction, STEM, humanities; never benchmark questions),
+  greedy, up to {args.max_new_tokens} new tokens; {len(train)} train / {len(val)} validation samples.
+- Draft vocabulary: the {cfg.draft_vocab_size} most frequent response tokens (coverage {100 * coverage:.2f}%).
+- Training: training-time test with {args.ttt} steps (loss weights 0.8^k), soft cross-entropy against the target's
+  distribution on the draft vocabulary, AdamW lr {args.lr} cosine, {state['step']} steps (~{args.epochs} epochs),
+  bf16 autocast={args.bf16}, on CPU.
+- Validation accuracy (top-1 agreement with the target) per TTT step: {acc}.
+- Measured speed and tau: see docs/results.md (the command is recorded there).
+
+Reproduce: `python -m switchsd.train_eagle3 --prompts {args.prompts} --epochs {args.epochs} --ttt {args.ttt} \
+--lr {args.lr} --draft-vocab {args.draft_vocab} --out {args.out}`
+""")
     print(json.dumps(meta))
 
 
