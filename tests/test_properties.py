@@ -175,7 +175,9 @@ def test_scripted_tree_eos_cut_and_gather(tiny_model):
     assert len(events) == 1 and ev.finished == "eos" and ev.bonus is None
     assert len(set(ev.tree_parents)) < len(ev.tree_parents)          # a branching trie
     assert ev.accepted_rows != list(range(1, len(ev.accepted_rows) + 1))  # a gather
-    assert ev.accepted == free[:i + 3] and ev.new_tokens == free[:i + 1]
+    # the target accepted i + 3 draft tokens; only those up to the EOS are committed (and counted in MAL)
+    assert len(ev.accepted_rows) == i + 3
+    assert ev.accepted == free[:i + 1] and ev.new_tokens == free[:i + 1]
 
 
 def test_scripted_drafts_every_step(tiny_model):
