@@ -142,7 +142,6 @@ def explain_step(state: dict | None, step: int) -> str:
     events = state["events"]
     step = max(0, min(int(step), len(events) - 1))
     e = events[step]
-    tau = state.get("tau", 0.5)
     from .render import token_text
     tok = lambda t: html.escape(token_text(_tokenizer_of(state), t)).replace(" ", "␣").replace("\n", "⏎")
     acc = set(e.accepted_rows)

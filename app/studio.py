@@ -6,7 +6,7 @@ import gradio as gr
 from switchsd.methods import METHODS
 
 from . import handlers, plots, probelab
-from .render import CSS, HEAD_JS
+from .render import CSS
 from .resources import Resources, UserError
 
 PRESETS = {

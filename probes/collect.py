@@ -15,7 +15,6 @@ import json
 import random
 from pathlib import Path
 
-import torch
 
 from switchsd.datasets import load_prompts
 from switchsd.models import load_model

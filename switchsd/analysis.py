@@ -17,7 +17,6 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
 
 from .cli_common import (Neural, add_decode_args, add_model_args, add_neural_args, build_engine, copy_config,
                          engine_config, load, resolve_budget)

@@ -26,7 +26,6 @@ from tqdm import tqdm
 from .cli_common import (Neural, add_decode_args, add_model_args, add_neural_args, build_engine, copy_config,
                          engine_config, load, resolve_budget)
 from .datasets import DATASETS, load_prompts
-from .events import summarize
 from .drafters.oracle import OracleDrafter
 from .engine import Engine
 from .methods import METHODS

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 from pathlib import Path
 
 import torch
@@ -64,6 +63,22 @@ class Neural:
 
     def __init__(self, args, lm: LoadedModel):
         self.args, self.lm = args, lm
+        self._loaded: dict = {}   # shared by with_overrides() views: weights load once
+
+    def _once(self, key: str, load):
+        if key not in self._loaded:
+            self._loaded[key] = load()
+        return self._loaded[key]
+
+    def _shipped(self, flag: str, defaults: dict, what: str) -> str:
+        """The value of --eagle / --probe, with 'auto' resolved to the file shipped for this model."""
+        name = getattr(self.args, flag, "auto")
+        if name not in (None, "auto"):
+            return name
+        path = defaults.get(self.lm.name)
+        if path is None or not path.exists():
+            raise SystemExit(f"error: no shipped {what} for {self.lm.name}; pass --{flag} FILE")
+        return str(path)
 
     def available(self, kind: str) -> bool:
         if kind == "sps":
@@ -71,40 +86,34 @@ class Neural:
         default = DEFAULT_HEADS.get(self.lm.name)
         return getattr(self.args, "eagle", "auto") not in (None, "auto") or (default is not None and default.exists())
 
-    @functools.cached_property
+    @property
     def head(self):
-        name = getattr(self.args, "eagle", "auto")
-        if name in (None, "auto"):
-            path = DEFAULT_HEADS.get(self.lm.name)
-            if path is None or not path.exists():
-                raise SystemExit(f"error: no shipped EAGLE3 head for {self.lm.name}; pass --eagle HEAD")
-            name = str(path)
-        try:
-            return load_eagle3(name, self.lm.model)
-        except Eagle3LoadError as e:
-            raise SystemExit(f"error: {e}")
+        def load():
+            try:
+                return load_eagle3(self._shipped("eagle", DEFAULT_HEADS, "EAGLE3 head"), self.lm.model)
+            except Eagle3LoadError as e:
+                raise SystemExit(f"error: {e}")
+        return self._once("head", load)
 
-    @functools.cached_property
+    @property
     def draft_model(self):
-        if not getattr(self.args, "draft", None):
-            raise SystemExit("error: method sps needs --draft MODEL (a small model sharing the tokenizer)")
-        try:
-            return load_model(self.args.draft, self.lm.dtype, str(self.lm.device)).model
-        except (ModelLoadError, ValueError) as e:
-            raise SystemExit(f"error: {e}")
+        def load():
+            if not getattr(self.args, "draft", None):
+                raise SystemExit("error: method sps needs --draft MODEL (a small model sharing the tokenizer)")
+            try:
+                return load_model(self.args.draft, self.lm.dtype, str(self.lm.device)).model
+            except (ModelLoadError, ValueError) as e:
+                raise SystemExit(f"error: {e}")
+        return self._once("draft", load)
 
-    @functools.cached_property
+    @property
     def probe(self):
-        name = getattr(self.args, "probe", "auto")
-        if name in (None, "auto"):
-            path = DEFAULT_PROBES.get(self.lm.name)
-            if path is None or not path.exists():
-                raise SystemExit(f"error: no shipped probe for {self.lm.name}; pass --probe FILE")
-            name = str(path)
-        try:
-            return load_probe(name, self.lm.model)
-        except ProbeError as e:
-            raise SystemExit(f"error: {e}")
+        def load():
+            try:
+                return load_probe(self._shipped("probe", DEFAULT_PROBES, "probe"), self.lm.model)
+            except ProbeError as e:
+                raise SystemExit(f"error: {e}")
+        return self._once("probe", load)
 
     def with_overrides(self, overrides: dict) -> "Neural":
         """A view with other drafting options that shares the loaded weights."""

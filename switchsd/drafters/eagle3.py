@@ -143,7 +143,6 @@ class Eagle3Drafter:
         temp_k = temp_v = None                    # K/V of expanded nodes [1, kvh, E, hd]
         anc_rows = torch.zeros(K, 0, dtype=torch.bool, device=dev)   # frontier node -> temp entries it sees
         for d in range(1, D):
-            E = 0 if temp_k is None else temp_k.shape[2]
             n_f = len(frontier)
             rows = torch.cat([anc_rows, torch.eye(n_f, dtype=torch.bool, device=dev)], 1)   # [n_f, E+n_f]
             mask = torch.cat([torch.ones(n_f, S, dtype=torch.bool, device=dev), rows], 1)
@@ -168,7 +167,7 @@ class Eagle3Drafter:
             best = flat.topk(min(K, flat.numel())).indices.tolist()
             new_frontier = [first_new + b for b in best]
             parents_local = [b // K for b in best]
-            anc_rows = torch.cat([rows[parents_local], torch.zeros(len(best), 0, dtype=torch.bool, device=dev)], 1)
+            anc_rows = rows[parents_local]                     # a child sees its parent's row (ancestors + parent)
             f_h = o[0, parents_local]
             frontier = new_frontier
         # re-rank: the N best nodes overall, parents before children

@@ -25,7 +25,6 @@ Choices where sources disagree (documented in README):
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
