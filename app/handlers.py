@@ -18,6 +18,7 @@ from .resources import Resources, UserError
 MAX_PROMPT_CHARS = 20000
 MAX_NEW_TOKENS = 1024
 REFRESH_S = 0.3            # plots refresh a few times a second, not per token
+UI_SHARE = 0.05            # ...and less often when drawing would take more than this share of the time
 
 
 def check_prompt(res: Resources, prompt: str, chat: bool) -> list[int]:
@@ -45,9 +46,10 @@ def check_max_new(n) -> int:
     return n
 
 
-def status_line(s: dict) -> str:
+def status_line(s: dict, done: bool = False) -> str:
     paths = ", ".join(f"{k} {v['pct']:.0f}% of steps (MAL {v['mal']:.2f})" for k, v in s["paths"].items())
-    return (f"**{s['new_tokens']} tokens** · {s['steps']} target forwards · tau {s['tau']:.2f} tokens/forward · "
+    return (("**Done** · " if done else "Generating… · ") +
+            f"**{s['new_tokens']} tokens** · {s['steps']} target forwards · tau {s['tau']:.2f} tokens/forward · "
             f"**{s['tok_s']:.1f} tok/s** · {paths}")
 
 
@@ -70,18 +72,25 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
     lm = res.lm()
     t_tau = engine_tau(engine)
     events: list[StepEvent] = []
-    t0, last = time.perf_counter(), 0.0
+    # The engine is paused while a frame is drawn AND while Gradio serialises and sends it (the generator
+    # resumes only when the frame is out), so both are timed and the refresh interval grows when they would
+    # cost more than UI_SHARE of the wall time. Tok/s shown = tokens / wall time, drawing included.
+    t0, last, ui_cost = time.perf_counter(), 0.0, 0.0
     try:
         for e in engine.generate(ids, torch.Generator().manual_seed(0)):
             events.append(e)
             now = time.perf_counter()
-            if now - last >= REFRESH_S or e.finished:
-                last = now
+            done = e.finished is not None
+            if now - last >= max(REFRESH_S, ui_cost / UI_SHARE) or done:
                 s = summarize(events, now - t0)
-                yield (tokens_html(lm.tokenizer, events, t_tau, ids), status_line(s), plots.accept_plot(events),
-                       plots.probe_plot(events, t_tau), plots.copy_rate_plot(events),
-                       plots.toks_plot({method: plots.timeline(events)}),
-                       {"events": events, "prompt": ids, "tau": t_tau, "method": method, "tokenizer": lm.tokenizer})
+                frame = (tokens_html(lm.tokenizer, events, t_tau, ids), status_line(s, done),
+                         plots.accept_plot(events), plots.probe_plot(events, t_tau), plots.copy_rate_plot(events),
+                         plots.toks_plot({method: plots.timeline(events)}),
+                         {"events": events, "prompt": ids, "tau": t_tau, "method": method,
+                          "tokenizer": lm.tokenizer})
+                yield frame
+                last = time.perf_counter()
+                ui_cost = last - now
     finally:
         engine.close()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -74,6 +75,50 @@ def _write(fig, stem: Path) -> None:
         print(f"(PNG skipped for {stem.name}: {e.__class__.__name__})")
 
 
+def layer_summary(table: list[dict]) -> dict:
+    """Attention vs MLP per layer, and where each peaks (by validation F1)."""
+    by = {(r["layer"], r["sublayer"]): r for r in table}
+    layers = sorted({r["layer"] for r in table})
+    attn_wins = sum(by[(l, "attn")]["f1"] > by[(l, "mlp")]["f1"] for l in layers)
+    peak = {sub: max((r for r in table if r["sublayer"] == sub), key=lambda r: r["f1"]) for sub in ("attn", "mlp")}
+    return {"layers": len(layers), "attn_beats_mlp": attn_wins, "peak_attn": peak["attn"], "peak_mlp": peak["mlp"],
+            "last_layer_attn_f1": by[(layers[-1], "attn")]["f1"]}
+
+
+def card(model: str, report: dict, args, command: str) -> str:
+    b, d, ls = report["best"], report["data"], layer_summary(report["per_layer"])
+    lines = [f"# Copy-intent probe for {model}", "",
+             f"Linear, bias-free: `sigmoid(w . h)` on the residual stream of layer {b['layer']} "
+             f"{'after the attention sub-layer' if b['sublayer'] == 'attn' else 'after the MLP sub-layer'}; "
+             f"threshold tau = {b['tau']:.2f} (F1-optimal on validation). Format `switchsd-probe-v1` "
+             "(safetensors: `weight` + metadata), loaded by `switchsd.probe.load_probe`.", "",
+             "## Data",
+             f"- {d['prompts']}; completions written by the target (greedy); a generated token is copy-mode when it "
+             f"lies in a verbatim span of >= {args.n_train} tokens seen earlier in the context; the probe reads the "
+             "hidden state of the last position the target processed when the engine decides (see probes/labels.py).",
+             f"- {d['train_positions']} train / {d['val_positions']} validation decision positions; "
+             f"{100 * d['positive_rate']:.1f}% copy.", "",
+             "## Quality (validation split)",
+             f"- ROC AUC **{b['auc']:.4f}**, F1 **{b['f1']:.4f}** at tau {b['tau']:.2f}.",
+             f"- Attention beats MLP at {ls['attn_beats_mlp']} of {ls['layers']} layers. Peak after attention: layer "
+             f"{ls['peak_attn']['layer']} (F1 {ls['peak_attn']['f1']:.3f}, AUC {ls['peak_attn']['auc']:.3f}); after MLP: "
+             f"layer {ls['peak_mlp']['layer']} (F1 {ls['peak_mlp']['f1']:.3f}, AUC {ls['peak_mlp']['auc']:.3f}); "
+             f"last layer after attention F1 {ls['last_layer_attn_f1']:.3f}.",
+             "- The paper (Llama-3.1-8B): attention > MLP at every layer, mid-layer peak (layer 14 of 32), "
+             "tau ~ 0.4, AUC > 0.99.", "",
+             f"Per-layer table: `{Path(args.out).name}.json`; plots: `{Path(args.out).name}_layers.html/.png` (Fig. 5), "
+             f"`{Path(args.out).name}_threshold.html/.png` (Fig. 6)."]
+    if "ablation_mtbench" in report:
+        lines += ["", "## Training-data ablation (Fig. 4), evaluated on MT-Bench completions (Spec-Bench 81-160)", "",
+                  "| training data | positions | AUC | F1 (own tau) | best F1 |", "|---|---|---|---|---|"]
+        for name, r in report["ablation_mtbench"].items():
+            lines.append(f"| {name} | {r['train_positions']} | {r['auc']:.3f} | {r['f1']:.3f} | {r['best_f1']:.3f} |")
+        lines.append("\nThe paper: F1 0.65 ConstructedCopy, 0.81 natural (WikiText-103), 0.87 CopyDiversity.")
+    lines += ["", f"Reproduce: `python -m probes.collect --out {args.data} --gen-dtype bfloat16` then "
+              f"`python -m probes.train {command}`", ""]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, help="output folder of probes.collect")
@@ -125,6 +170,7 @@ def main(argv=None) -> None:
         report["ablation_mtbench"] = abl
     Path(str(out) + ".json").write_text(json.dumps(report, indent=1))
     plots(table, best, s_val, y[va], out)
+    Path(str(out) + ".md").write_text(card(lm.name, report, args, " ".join(argv if argv is not None else sys.argv[1:])))
     print("| layer | sub-layer | val AUC | val F1 | tau |\n|---|---|---|---|---|")
     for r in table:
         print(f"| {r['layer']} | {r['sublayer']} | {r['auc']:.3f} | {r['f1']:.3f} | {r['tau']:.2f} |")

@@ -2,11 +2,13 @@
 
     python -m switchsd.analysis regime --dataset humaneval --limit 40 --max-new-tokens 256 --out runs/regime
     python -m switchsd.analysis tax --results runs/humaneval/results.json [more results.json ...]
+    python -m switchsd.analysis temperature --dataset mtbench --limit 10 --out runs/temperature
 
 regime (Fig. 3): SwitchSD decodes as usual; at EVERY step both the copy drafter and the neural drafter also
 propose, and each draft's acceptance length is measured against the target's greedy continuation (known from
 a vanilla run: at T = 0 a draft is accepted exactly as far as it matches it). Steps are split by the probe's
 decision; we report the histograms and the share of copy drafts reaching the full D tokens.
+temperature (Table 4): see switchsd/tempsweep.py.
 tax: the share of copy attempts that accepted 0 tokens, per method (the speculation tax), from bench results.
 Best lookahead (Table 3): one bench run with method variants, e.g.
     --methods vanilla,eagle3@chain3,eagle3@chain5,eagle3@chain7,switchsd@chain3,switchsd@chain5,switchsd@chain7
@@ -23,6 +25,7 @@ from .cli_common import (Neural, add_decode_args, add_model_args, add_neural_arg
 from .datasets import DATASETS, load_prompts
 from .drafters.base import DraftRequest
 from .policies import PolicyState
+from . import tempsweep
 
 
 def accepted_len(candidates: list[list[int]], reference: list[int]) -> int:
@@ -132,21 +135,28 @@ def tax(args) -> None:
     print(json.dumps([{"dataset": r[0], "method": r[1], "zero_accept": r[4]} for r in rows]))
 
 
+def _decoding_parser(sub, name: str, limit: int, **kw) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, **kw)
+    p.add_argument("--dataset", required=True, choices=DATASETS)
+    p.add_argument("--data-file", default=None)
+    p.add_argument("--limit", type=int, default=limit)
+    p.add_argument("--out", default=f"runs/{name}")
+    add_model_args(p)
+    add_decode_args(p)
+    add_neural_args(p)
+    return p
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("regime")
-    r.add_argument("--dataset", required=True, choices=DATASETS)
-    r.add_argument("--data-file", default=None)
-    r.add_argument("--limit", type=int, default=20)
-    r.add_argument("--out", default="runs/regime")
-    add_model_args(r)
-    add_decode_args(r)
-    add_neural_args(r)
-    t = sub.add_parser("tax")
+    _decoding_parser(sub, "regime", 20, help="Fig. 3: both paths' acceptance at every step, split by the gate")
+    t = sub.add_parser("tax", help="false triggers: copy attempts accepting 0 tokens, from bench results")
     t.add_argument("--results", nargs="+", required=True)
+    tempsweep.add_args(_decoding_parser(sub, "temperature", 10,
+                                        help="Table 4: speed per temperature + the T > 0 distribution check"))
     args = ap.parse_args(argv)
-    {"regime": regime, "tax": tax}[args.cmd](args)
+    {"regime": regime, "tax": tax, "temperature": tempsweep.temperature}[args.cmd](args)
 
 
 if __name__ == "__main__":

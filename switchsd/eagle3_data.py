@@ -6,6 +6,10 @@ Shards `feat_00000.safetensors`, ... hold per sample `{i}.ids` [T] (prompt + res
 (input to target layers low/mid/high, fp16), `{i}.final` [T-1, H] (fp16) and `{i}.start` (prompt length).
 Features exist for positions 0..T-2 (the last token is never processed). Finished shards are skipped, so
 an interrupted run resumes where it stopped.
+
+`from_completions` adds samples the target already wrote elsewhere (e.g. the probe pipeline's CopyDiversity
+completions, JSONL rows with `prompt_ids` + `completion_ids`): one teacher-forced forward per batch yields the
+same features as generation would, at a fraction of the cost.
 """
 from __future__ import annotations
 
@@ -62,6 +66,51 @@ def build(lm: LoadedModel, prompts: list[str], out: Path, layers: tuple[int, int
         tmp = path.with_suffix(".tmp")
         save_file(shard, str(tmp))
         tmp.replace(path)
+
+
+@torch.inference_mode()
+def from_completions(lm: LoadedModel, jsonl: Path, out: Path, layers: tuple[int, int, int],
+                     tokens_per_batch: int = 4096) -> int:
+    """Completions already written by the target -> shards in the format above. Returns the sample count."""
+    import json
+    rows = [json.loads(l) for l in jsonl.read_text().splitlines() if l.strip()]
+    rows = [r for r in rows if r.get("completion_ids")]
+    rows.sort(key=lambda r: len(r["prompt_ids"]) + len(r["completion_ids"]))
+    chunks, cur = [], []
+    for r in rows:
+        T = len(r["prompt_ids"]) + len(r["completion_ids"])
+        if cur and T * (len(cur) + 1) > tokens_per_batch:
+            chunks.append(cur)
+            cur = []
+        cur.append(r)
+    if cur:
+        chunks.append(cur)
+    out.mkdir(parents=True, exist_ok=True)
+    for si, chunk in enumerate(tqdm(chunks, desc=f"features of {jsonl.name}", unit="shard")):
+        path = out / f"feat_{si:05d}.safetensors"
+        if path.exists():
+            continue
+        seqs = [r["prompt_ids"] + r["completion_ids"] for r in chunk]
+        T = max(len(s) for s in seqs)
+        ids = torch.zeros(len(seqs), T, dtype=torch.long)
+        att = torch.zeros(len(seqs), T, dtype=torch.long)
+        for b, s in enumerate(seqs):                                      # right padding: positions start at 0
+            ids[b, :len(s)] = torch.tensor(s)
+            att[b, :len(s)] = 1
+        hs = lm.model(input_ids=ids.to(lm.device), attention_mask=att.to(lm.device), output_hidden_states=True,
+                      logits_to_keep=1).hidden_states                    # (emb, layer outputs.., final normed)
+        aux = torch.cat([hs[i] for i in layers], -1)                     # [B, T, 3H] inputs to the fused layers
+        shard = {}
+        for b, (r, s) in enumerate(zip(chunk, seqs)):
+            n = len(s) - 1
+            shard[f"{b}.ids"] = torch.tensor(s, dtype=torch.int32)
+            shard[f"{b}.aux"] = aux[b, :n].to(torch.float16).contiguous()
+            shard[f"{b}.final"] = hs[-1][b, :n].to(torch.float16).contiguous()
+            shard[f"{b}.start"] = torch.tensor([len(r["prompt_ids"])], dtype=torch.int32)
+        tmp = path.with_suffix(".tmp")
+        save_file(shard, str(tmp))
+        tmp.replace(path)
+    return len(rows)
 
 
 def load_samples(folder: Path) -> list[dict]:

@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from .drafters.eagle3_model import Eagle3Config, Eagle3Head, save_eagle3
-from .eagle3_data import build, load_samples
+from .eagle3_data import build, from_completions, load_samples
 from .eagle3_prompts import build_prompts
 from .models import load_model
 
@@ -161,7 +161,8 @@ def main(argv=None) -> None:
     ap.add_argument("--target", default=None, help="target model (default: offline SmolLM2-135M-Instruct)")
     ap.add_argument("--work", default="runs/eagle3", help="cache folder for data and checkpoints")
     ap.add_argument("--out", default="assets/eagle3-smollm2-135m")
-    ap.add_argument("--prompts", type=int, default=2000)
+    ap.add_argument("--prompts", type=int, default=2000, help="prompts the target answers (0: only reuse the "
+                    "shards already cached in WORK/data)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--gen-batch", type=int, default=32)
@@ -176,6 +177,9 @@ def main(argv=None) -> None:
     ap.add_argument("--save-every", type=int, default=100)
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                     help="bfloat16 autocast for the head's matmuls (master weights stay float32)")
+    ap.add_argument("--extra", action="append", default=[], metavar="JSONL",
+                    help="more samples the target already wrote (rows with prompt_ids + completion_ids, e.g. "
+                    "runs/probes/<m>/copydiversity/completions.jsonl); never pass benchmark completions")
     ap.add_argument("--stage", choices=["all", "data", "train", "export"], default="all")
     ap.add_argument("--init", default=None, help="start from this published-format head (its draft vocabulary "
                     "is kept), e.g. to continue training the shipped head on new data")
@@ -187,13 +191,20 @@ def main(argv=None) -> None:
     L = tc.num_hidden_layers
     layers = (2, L // 2, L - 3)
     if args.stage in ("all", "data"):
-        build(lm, build_prompts(args.prompts, args.seed), work / "data", layers, args.max_new_tokens, args.gen_batch)
-        if args.stage == "data":
-            return
+        if args.prompts > 0:
+            build(lm, build_prompts(args.prompts, args.seed), work / "data", layers, args.max_new_tokens,
+                  args.gen_batch)
         if lm.dtype != torch.float32:
             lm = load_model(args.target, dtype="float32")
+        for i, path in enumerate(args.extra):
+            from_completions(lm, Path(path), work / f"extra_{i}", layers)
+        if args.stage == "data":
+            return
     torch.manual_seed(args.seed)
     samples = load_samples(work / "data")
+    n_base = len(samples)
+    for i in range(len(args.extra)):
+        samples += load_samples(work / f"extra_{i}")
     rng = random.Random(args.seed)
     rng.shuffle(samples)
     n_val = max(1, len(samples) // 20)
@@ -259,19 +270,23 @@ def main(argv=None) -> None:
         bar.close()
     out = Path(args.out)
     save_eagle3(head, out, torch.bfloat16)
-    meta = {"target": lm.name, "prompts": args.prompts, "samples": len(samples), "max_new_tokens": args.max_new_tokens,
+    meta = {"target": lm.name, "prompts": args.prompts, "samples": len(samples), "extra": args.extra, "max_new_tokens": args.max_new_tokens,
             "draft_vocab": args.draft_vocab, "coverage": coverage, "ttt": args.ttt, "epochs": args.epochs,
             "lr": args.lr, "steps": state["step"], "val_acc": state["log"][-1]["val_acc"] if state["log"] else None}
     (out / "training.json").write_text(json.dumps(meta, indent=1))
     acc = ", ".join(f"{a:.3f}" for a in (meta["val_acc"] or []))
+    extra = "".join(f"; plus the target's own completions in `{p}` (features by one teacher-forced forward)"
+                    for p in args.extra)
+    if args.init:
+        extra += f"; initialised from the head in `{args.init}`"
     (out / "README.md").write_text(f"""# EAGLE-3 head for {lm.name}
 
 Published EAGLE-3 layout (`config.json` + `model.safetensors`, bf16; keys fc, midlayer.*, norm, lm_head, d2t, t2d;
 the embedding comes from the target). Loads with `switchsd.drafters.eagle3_model.load_eagle3`.
 
-- Data: self-distillation. The target answered {len(samples)} prompts of `switchsd/eagle3_prompts.py` (templates
+- Data: self-distillation. The target answered {n_base} prompts of `switchsd/eagle3_prompts.py` (templates
   over writing, roleplay, reasoning, math, coding, extraction, STEM, humanities; never benchmark questions),
-  greedy, up to {args.max_new_tokens} new tokens; {len(train)} train / {len(val)} validation samples.
+  greedy, up to {args.max_new_tokens} new tokens{extra}; {len(train)} train / {len(val)} validation samples.
 - Draft vocabulary: the {cfg.draft_vocab_size} most frequent response tokens (coverage {100 * coverage:.2f}%).
 - Training: training-time test with {args.ttt} steps (loss weights 0.8^k), soft cross-entropy against the target's
   distribution on the draft vocabulary, AdamW lr {args.lr} cosine, {state['step']} steps (~{args.epochs} epochs),
@@ -280,7 +295,8 @@ the embedding comes from the target). Loads with `switchsd.drafters.eagle3_model
 - Measured speed and tau: see docs/results.md (the command is recorded there).
 
 Reproduce: `python -m switchsd.train_eagle3 --prompts {args.prompts} --epochs {args.epochs} --ttt {args.ttt} \
---lr {args.lr} --draft-vocab {args.draft_vocab} --out {args.out}`
+--lr {args.lr} --draft-vocab {args.draft_vocab} --out {args.out}{"".join(" --extra " + p for p in args.extra)}\
+{" --init " + args.init if args.init else ""}`
 """)
     print(json.dumps(meta))
 

@@ -74,3 +74,14 @@ def test_probe_lab_opens(page):
         page.locator("#lab-run").click()
         page.wait_for_selector("#lab-view .ssd-strip .tok", timeout=120_000)
     shot(page, "probe_lab")
+
+
+def test_step_inspector(page):
+    """After the Generate run above: pick a step and see its candidate trie, gate and explanation."""
+    page.get_by_role("tab", name="Step inspector").click()
+    box = page.locator("#inspect-step input[type=number]")
+    box.fill("3")
+    box.press("Enter")
+    page.wait_for_selector("#inspect-view .insp", timeout=30_000)
+    assert "Step 3" in page.locator("#inspect-view").inner_text()
+    shot(page, "step_inspector")

@@ -150,3 +150,25 @@ def test_engine_scores_captured_hidden_state(tiny_model):
             want = probe.score(cap.last[probe.site][0, -1])
         assert e.probe_score == pytest.approx(want, abs=1e-9)
         tokens += e.new_tokens
+
+
+@pytest.mark.real
+def test_shipped_probe_on_held_out_prompts(real_lm, tmp_path):
+    """The shipped probe on prompts written for this test (not CopyDiversity templates): the target writes
+    greedy completions, they are labelled, and the probe's scores must separate copy from non-copy."""
+    from pathlib import Path
+
+    from probes.evaluate import read_prompts, score_sequences
+    from probes.features import complete
+    from switchsd.cli_common import DEFAULT_PROBES
+    from switchsd.models import DEFAULT_MODEL
+    path = DEFAULT_PROBES[DEFAULT_MODEL]
+    if not path.exists():
+        pytest.skip("no shipped probe")
+    probe = load_probe(str(path), real_lm.model)
+    rows = read_prompts(str(Path(__file__).parent / "data" / "probe_heldout.jsonl"))
+    recs = complete(real_lm, rows, tmp_path / "c.jsonl", max_new_tokens=64, batch=len(rows))
+    s, y = score_sequences(real_lm, probe, [(r["prompt_ids"] + r["completion_ids"], len(r["prompt_ids"]))
+                                            for r in recs], int(probe.meta["n_train"]))
+    assert 0.05 < float(y.float().mean()) < 0.95, "the held-out set must contain copy and non-copy positions"
+    assert roc_auc(s, y) >= 0.95

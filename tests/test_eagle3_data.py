@@ -1,0 +1,43 @@
+"""EAGLE-3 training data from completions the target already wrote: one teacher-forced, right-padded batch
+forward must give each sample exactly the features a forward over that sample alone gives."""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from switchsd.eagle3_data import from_completions, load_samples
+from switchsd.models import LoadedModel
+
+
+def test_from_completions_matches_single_forwards(tmp_path, tiny_model):
+    model = tiny_model
+    g = torch.Generator().manual_seed(5)
+    rows = []
+    for i, (p, c) in enumerate([(5, 9), (12, 3), (7, 20), (3, 1)]):
+        ids = torch.randint(2, 64, (p + c,), generator=g).tolist()
+        rows.append({"id": i, "prompt_ids": ids[:p], "completion_ids": ids[p:]})
+    rows.append({"id": 9, "prompt_ids": [3, 4], "completion_ids": []})          # nothing written: skipped
+    jsonl = tmp_path / "completions.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lm = LoadedModel(model=model, tokenizer=None, name="tiny")
+    layers = (1, 1, 2)
+    n = from_completions(lm, jsonl, tmp_path / "extra", layers, tokens_per_batch=64)
+    assert n == 4
+    samples = load_samples(tmp_path / "extra")
+    assert len(samples) == 4 and len(list((tmp_path / "extra").glob("feat_*.safetensors"))) >= 2
+    by_ids = {tuple(s["ids"].tolist()): s for s in samples}
+    for r in rows[:4]:
+        seq = r["prompt_ids"] + r["completion_ids"]
+        s = by_ids[tuple(seq)]
+        assert s["start"] == len(r["prompt_ids"])
+        with torch.no_grad():
+            hs = model(input_ids=torch.tensor([seq]), output_hidden_states=True).hidden_states
+        aux = torch.cat([hs[i] for i in layers], -1)[0, :-1]
+        assert s["aux"].shape == (len(seq) - 1, 3 * model.config.hidden_size)
+        torch.testing.assert_close(s["aux"].double(), aux.to(torch.float16).double(), rtol=0, atol=2e-3)
+        torch.testing.assert_close(s["final"].double(), hs[-1][0, :-1].to(torch.float16).double(), rtol=0, atol=2e-3)
+    # resumable: a second call writes nothing new and keeps the shards
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "extra").glob("feat_*")}
+    from_completions(lm, jsonl, tmp_path / "extra", layers, tokens_per_batch=64)
+    assert before == {p.name: p.stat().st_mtime_ns for p in (tmp_path / "extra").glob("feat_*")}
