@@ -85,3 +85,36 @@ def test_api_stop_cancels(server):
     assert job.done()
     if outs and outs[-1] and outs[-1][1]:
         assert "1024 tokens" not in outs[-1][1], "cancelled before the end"
+
+
+@pytest.mark.real
+def test_api_race_returns_three_lossless_lanes(server):
+    from gradio_client import Client
+    from app.resources import Resources
+    if Resources().default_method() != "switchsd":
+        pytest.skip("the race needs the shipped EAGLE3 head and probe")
+    c = Client(server.url, verbose=False)
+    outs = list(c.submit("Repeat exactly: alpha beta gamma delta epsilon zeta eta theta iota kappa.", 24, True, False,
+                         api_name="/race"))
+    lanes, status = outs[-1][0], outs[-1][1]
+    assert lanes.count('class="ssd-lane"') == 3
+    for m in ("switchsd", "eagle3", "copyspec"):
+        assert f'data-lane="{m}"' in lanes
+    assert lanes.count("lossless ✓") == 3, "fp32, T=0: every lane equals vanilla"
+    assert "replay" in status
+
+
+@pytest.mark.real
+def test_api_probe_lab_scores_and_rejects_bad_files(server, tmp_path):
+    from gradio_client import Client
+    from app.resources import Resources
+    c = Client(server.url, verbose=False)
+    shipped = Resources().shipped_probes()
+    if shipped:
+        view, _, tau = c.predict(shipped[0], "", None, "The cat sat on the mat. The cat sat on the mat.", False,
+                                     api_name="/probe_lab")
+        assert 'class="tok' in view and 0.0 < tau < 1.0
+    for path, msg in [(str(ROOT / "tests" / "data" / "probe_heldout.jsonl"), "safetensors"),
+                      (str(tmp_path / "missing.safetensors"), "does not exist")]:
+        with pytest.raises(Exception, match=msg):
+            c.predict(path, "", None, "some text", False, api_name="/probe_lab")
