@@ -3,6 +3,7 @@ Each returns/yields plain values (HTML strings, Plotly figures, state) so they c
 from __future__ import annotations
 
 import html
+import os
 import time
 from typing import Iterator
 
@@ -17,8 +18,12 @@ from .resources import Resources, UserError
 
 MAX_PROMPT_CHARS = 20000
 MAX_NEW_TOKENS = 1024
-REFRESH_S = 0.3            # plots refresh a few times a second, not per token
-UI_SHARE = 0.05            # ...and less often when drawing would take more than this share of the time
+# Every frame costs CPU twice: here (HTML, figures, serialisation) and in the browser (DOM, four Plotly
+# renders), and on a small machine the browser shares the cores with the model. Measured with
+# scripts/app_overhead.py on 2 cores: plots every second + tokens every 0.3 s cost generation ~35% of its speed.
+REFRESH_S = float(os.environ.get("SWITCHSD_REFRESH_S", 0.75))       # the token view, not per token
+PLOT_REFRESH_S = float(os.environ.get("SWITCHSD_PLOT_REFRESH_S", 2.5))   # the four live plots
+UI_SHARE = 0.05            # ...and both less often when drawing would take more than this share of the time
 
 
 def check_prompt(res: Resources, prompt: str, chat: bool) -> list[int]:
@@ -47,10 +52,11 @@ def check_max_new(n) -> int:
 
 
 def status_line(s: dict, done: bool = False) -> str:
-    paths = ", ".join(f"{k} {v['pct']:.0f}% of steps (MAL {v['mal']:.2f})" for k, v in s["paths"].items())
-    return (("**Done** · " if done else "Generating… · ") +
-            f"**{s['new_tokens']} tokens** · {s['steps']} target forwards · tau {s['tau']:.2f} tokens/forward · "
-            f"**{s['tok_s']:.1f} tok/s** · {paths}")
+    """HTML (cheaper for the browser than Markdown on every frame)."""
+    paths = ", ".join(f"{html.escape(k)} {v['pct']:.0f}% of steps (MAL {v['mal']:.2f})" for k, v in s["paths"].items())
+    return (("<b>Done</b> · " if done else "Generating… · ") +
+            f"<b>{s['new_tokens']} tokens</b> · {s['steps']} target forwards · tau {s['tau']:.2f} tokens/forward · "
+            f"<b>{s['tok_s']:.1f} tok/s</b> · {paths}")
 
 
 def engine_tau(engine) -> float:
@@ -61,7 +67,8 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
              tau: float | None, kappa: int, width: int, depth: int, gamma: int) -> Iterator[tuple]:
     """Streams (tokens html, status, accept fig, probe fig, copy-rate fig, tok/s fig, events)."""
     try:
-        yield gr.skip(), "Loading the model (first run only)…", gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        first = "Loading the model (first run only)…" if not res.loaded else "Starting…"
+        yield gr.skip(), first, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
         ids = check_prompt(res, prompt, chat)
         max_new = check_max_new(max_new)
         engine = res.engine(method, max_new, temperature, tau, kappa, width, depth, gamma)
@@ -75,7 +82,7 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
     # The engine is paused while a frame is drawn AND while Gradio serialises and sends it (the generator
     # resumes only when the frame is out), so both are timed and the refresh interval grows when they would
     # cost more than UI_SHARE of the wall time. Tok/s shown = tokens / wall time, drawing included.
-    t0, last, ui_cost = time.perf_counter(), 0.0, 0.0
+    t0, last, last_plot, ui_cost = time.perf_counter(), 0.0, 0.0, 0.0
     try:
         for e in engine.generate(ids, torch.Generator().manual_seed(0)):
             events.append(e)
@@ -83,13 +90,14 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
             done = e.finished is not None
             if now - last >= max(REFRESH_S, ui_cost / UI_SHARE) or done:
                 s = summarize(events, now - t0)
-                frame = (tokens_html(lm.tokenizer, events, t_tau, ids), status_line(s, done),
-                         plots.accept_plot(events), plots.probe_plot(events, t_tau), plots.copy_rate_plot(events),
-                         plots.toks_plot({method: plots.timeline(events)}),
-                         {"events": events, "prompt": ids, "tau": t_tau, "method": method,
-                          "tokenizer": lm.tokenizer})
-                yield frame
+                with_plots = done or now - last_plot >= max(PLOT_REFRESH_S, ui_cost / UI_SHARE)
+                figs = (plots.accept_plot(events), plots.probe_plot(events, t_tau), plots.copy_rate_plot(events),
+                        plots.toks_plot({method: plots.timeline(events)})) if with_plots else (gr.skip(),) * 4
+                state = {"events": events, "prompt": ids, "tau": t_tau, "method": method,
+                         "tokenizer": lm.tokenizer} if done else gr.skip()      # the inspector reads the final run
+                yield (tokens_html(lm.tokenizer, events, t_tau, ids), status_line(s, done), *figs, state)
                 last = time.perf_counter()
+                last_plot = last if with_plots else last_plot
                 ui_cost = last - now
     finally:
         engine.close()

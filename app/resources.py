@@ -32,6 +32,10 @@ class Resources:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _probes: dict = field(default_factory=dict)
 
+    @property
+    def loaded(self) -> bool:
+        return self._lm is not None
+
     def lm(self) -> LoadedModel:
         with self._lock:
             if self._lm is None:

@@ -62,7 +62,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                     with gr.Row():
                         run = gr.Button("Generate", variant="primary", elem_id="run")
                         stop = gr.Button("Stop", elem_id="stop")
-            status = gr.Markdown(elem_id="status")
+            status = gr.HTML(elem_id="status")
             tokens = gr.HTML(elem_id="tokens-view")
             with gr.Row():
                 p_accept = gr.Plot(elem_id="plot-accept", show_label=False)
@@ -122,7 +122,8 @@ def build_demo(res: Resources) -> gr.Blocks:
 
         gen_ev = run.click(gen, [prompt, method, temperature, max_new, chat, tau_on, tau, kappa, width, depth, gamma],
                            [tokens, status, p_accept, p_probe, p_rate, p_toks, run_state],
-                           concurrency_limit=1, concurrency_id="device", api_name="generate")
+                           concurrency_limit=1, concurrency_id="device", api_name="generate",
+                           show_progress="hidden")   # our status line says it; Gradio's animated overlay costs CPU
         gen_ev.then(lambda: res.status(), None, model_status, queue=False)
         gen_ev.then(lambda st: gr.update(maximum=max(0, len(st["events"]) - 1) if st else 0), run_state, insp_step,
                     queue=False)

@@ -4,9 +4,10 @@ real server, offline model) against the CLI engine on the same prompt and method
     python scripts/app_overhead.py [--method switchsd] [--prompt TEXT] [--max-new-tokens 128] [--runs 3]
 
 CLI: `python -m switchsd.generate --json` (fresh process per run, model load not counted): Tok/s from its
-stats, first token = prefill + first step. App: one warm-up generation (model load), then per run the page is
-reloaded, Generate is clicked, the time until the first token span is in the page is measured, and the
-final status line's Tok/s (tokens / wall time of the handler, drawing and streaming included) is read.
+stats, first token = prefill + first step. App: the page is loaded once and one warm-up generation loads the
+model (and Plotly.js in the page); then per run Generate is clicked and the page itself times (mutation
+observers) the click, the first token span and the final "Done" status, whose Tok/s (tokens / wall time of the
+handler, drawing and streaming included, browser on the same CPU) is read.
 Medians are printed; the LAST line is one JSON object.
 """
 from __future__ import annotations
@@ -42,7 +43,27 @@ def cli_runs(method: str, prompt: str, max_new: int, runs: int) -> list[dict]:
     return out
 
 
+WATCH = """() => {
+  window.__t0 = null; window.__first = null; window.__done = null;
+  const old = (document.querySelector('#tokens') || {}).innerHTML;   // the last run's tokens stay until replaced
+  document.querySelector('#run').addEventListener('click', () => { window.__t0 = performance.now(); },
+                                                  {capture: true, once: true});
+  new MutationObserver((m, obs) => {
+    const t = document.querySelector('#tokens');
+    if (window.__t0 !== null && t && t.querySelector('.tok') && t.innerHTML !== old) {
+      window.__first = performance.now(); obs.disconnect(); }
+  }).observe(document.querySelector('#tokens-view'), {childList: true, subtree: true, characterData: true});
+  let seen = false;     // the previous run's status says Done too: wait for a new status first
+  new MutationObserver((m, obs) => {
+    const t = document.querySelector('#status').innerText;
+    if (!t.includes('Done')) seen = true;
+    else if (seen && window.__t0 !== null) { window.__done = performance.now(); obs.disconnect(); }
+  }).observe(document.querySelector('#status'), {childList: true, subtree: true, characterData: true});
+}"""
+
+
 def app_runs(method: str, prompt: str, runs: int) -> list[dict]:
+    """One page load; run 0 warms up (model load, Plotly.js); then each run is timed in the page itself."""
     from playwright.sync_api import sync_playwright
     server = AppServer()
     out = []
@@ -50,24 +71,24 @@ def app_runs(method: str, prompt: str, runs: int) -> list[dict]:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            for i in range(runs + 1):                      # run 0 = warm-up (loads the model)
-                page.goto(server.url, wait_until="domcontentloaded", timeout=120_000)
-                page.wait_for_selector("#run", timeout=120_000)
-                page.locator("#prompt textarea").fill(prompt)
-                if method:
-                    page.locator("#method input").fill(method)
-                    page.keyboard.press("Enter")
-                t0 = time.perf_counter()
+            page.goto(server.url, wait_until="domcontentloaded", timeout=120_000)
+            page.wait_for_selector("#run", timeout=120_000)
+            page.wait_for_timeout(3000)                    # let the page finish its own start-up work
+            page.locator("#prompt textarea").fill(prompt)
+            if method:
+                page.locator("#method input").fill(method)
+                page.keyboard.press("Enter")
+            for i in range(runs + 1):
+                page.evaluate(WATCH)
                 page.locator("#run").click()
-                page.wait_for_selector("#tokens .tok", timeout=300_000)
-                first = time.perf_counter() - t0
-                page.wait_for_function("document.querySelector('#status').innerText.includes('Done')",
-                                       timeout=600_000)
+                page.wait_for_function("window.__done !== null && window.__first !== null", timeout=600_000)
+                first = page.evaluate("(window.__first - window.__t0) / 1000")
                 status = page.locator("#status").inner_text()
                 m = re.search(r"([\d.]+) tok/s", status)
                 n = re.search(r"(\d+) tokens", status)
                 if i:
                     out.append({"tok_s": float(m[1]), "first_token_s": first, "tokens": int(n[1])})
+                page.wait_for_timeout(1000)
             browser.close()
     finally:
         server.close()

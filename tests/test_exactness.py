@@ -308,3 +308,32 @@ def test_real_model_eagle3_shipped_head_equals_vanilla(real_lm):
         res = Engine(real_lm.model, build_policy("eagle3", eos, neural=d), cfg, eos).run(ids)
         assert res.token_ids == want, f"chain={chain}"
         assert res.stats["tau"] > 1.2, "a trained head accepts some drafts"
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("text", [JSON_PROMPT, STORY_PROMPT], ids=["json", "story"])
+def test_real_model_switchsd_and_bandit_with_shipped_probe_and_head(real_lm, text):
+    """SwitchSD (tree and chain), BanditSpec and CopySpec with its EAGLE3 fallback, built exactly as the CLIs
+    build them (shipped probe + head): identical to vanilla greedy in float32."""
+    import argparse
+
+    from switchsd.cli_common import (DEFAULT_HEADS, DEFAULT_PROBES, Neural, add_decode_args, add_neural_args,
+                                     build_engine, copy_config, engine_config)
+    if not (DEFAULT_PROBES[real_lm.name].exists() and DEFAULT_HEADS[real_lm.name].exists()):
+        pytest.skip("needs the shipped probe and EAGLE3 head")
+    ap = argparse.ArgumentParser()
+    add_decode_args(ap)
+    add_neural_args(ap)
+    args = ap.parse_args(["--max-new-tokens", "64", "--budget", "24"])
+    neural = Neural(args, real_lm)
+    cfg, copy = engine_config(args, 24), copy_config(args)
+    ids = real_lm.encode(text, chat=True)
+    want = build_engine("vanilla", real_lm, cfg, copy).run(ids).token_ids
+    paths = set()
+    for m in ("switchsd", "switchsd@chain4", "banditspec", "copyspec"):
+        res = build_engine(m, real_lm, cfg, copy, neural).run(ids)
+        assert res.token_ids == want, m
+        paths |= set(res.stats["paths"])
+    assert "neural" in paths
+    if text is JSON_PROMPT:
+        assert "copy" in paths
