@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup browser run test test-fast calibrate clean
+.PHONY: setup browser run test test-fast calibrate screenshots clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,9 @@ test: setup browser   ## the whole test suite (CPU; GPU tests run when CUDA is p
 
 test-fast: setup      ## skip tests that load the real model
 	$(BIN)/python -m pytest -q -m "not real" $(ARGS)
+
+screenshots: setup browser   ## refresh the README's screenshots (docs/img) from the real app in Chromium
+	SWITCHSD_SCREENSHOTS=docs/img $(BIN)/python -m pytest -q tests/test_browser.py
 
 calibrate: setup      ## measure this device's verification cost curve
 	$(BIN)/python -m switchsd.calibrate

@@ -82,7 +82,7 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
     # The engine is paused while a frame is drawn AND while Gradio serialises and sends it (the generator
     # resumes only when the frame is out), so both are timed and the refresh interval grows when they would
     # cost more than UI_SHARE of the wall time. Tok/s shown = tokens / wall time, drawing included.
-    t0, last, last_plot, ui_cost = time.perf_counter(), 0.0, 0.0, 0.0
+    t0, last, last_plot, ui_cost, ui_total = time.perf_counter(), 0.0, 0.0, 0.0, 0.0
     try:
         for e in engine.generate(ids, torch.Generator().manual_seed(0)):
             events.append(e)
@@ -95,10 +95,13 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
                         plots.toks_plot({method: plots.timeline(events)})) if with_plots else (gr.skip(),) * 4
                 state = {"events": events, "prompt": ids, "tau": t_tau, "method": method,
                          "tokenizer": lm.tokenizer} if done else gr.skip()      # the inspector reads the final run
-                yield (tokens_html(lm.tokenizer, events, t_tau, ids), status_line(s, done), *figs, state)
+                line = status_line(s, done) + (f" · drawing {100 * ui_total / (now - t0):.0f}% of the time"
+                                               if done else "")
+                yield (tokens_html(lm.tokenizer, events, t_tau, ids), line, *figs, state)
                 last = time.perf_counter()
                 last_plot = last if with_plots else last_plot
                 ui_cost = last - now
+                ui_total += ui_cost
     finally:
         engine.close()
 

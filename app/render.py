@@ -119,7 +119,8 @@ def tokens_html(tokenizer, events: Sequence[StepEvent], tau: float = 0.5, prompt
     legend += ('<span style="outline:1px solid #495057">bonus</span>'
                '<span style="border-bottom:3px solid rgba(247,103,7,.9)">probe ≥ tau</span>'
                '<span style="border-bottom:3px solid rgba(28,126,214,.9)">probe &lt; tau</span>')
-    return (f'<style>{CSS}</style><div class="ssd-legend">{legend}</div>'
+    # no <style> here: the page carries CSS once (re-sending it every frame re-styles the whole page)
+    return (f'<div class="ssd-legend">{legend}</div>'
             f'<div class="ssd-tokens" id="{html.escape(elem_id)}">{"".join(parts)}{"".join(spans)}</div>')
 
 
@@ -144,6 +145,6 @@ def heat_strip(tokenizer, tokens: Sequence[int], scores: Sequence[float], labels
                      f'style="background:{bg}" title="probe {float(s):.3f} · label {"copy" if y else "no copy"}">'
                      f'{html.escape(token_text(tokenizer, t))}<span class="lab" style="background:{lab}"></span></span>')
     head = f"<b>{html.escape(title)}</b> " if title else ""
-    return (f'<style>{CSS}</style><div class="ssd-tokens ssd-strip">{head}'
+    return (f'<div class="ssd-tokens ssd-strip">{head}'
             f'<div style="font-size:12px;color:#495057">heat = probe score (orange: at or above tau={tau:.2f}); '
             f'green bar = verbatim copy label (n-gram)</div>{"".join(spans)}</div>')

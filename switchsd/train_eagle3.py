@@ -221,7 +221,8 @@ def main(argv=None) -> None:
         from .drafters.eagle3_model import load_eagle3
         head = load_eagle3(args.init, lm.model).float().requires_grad_(True).train()
         cfg, t2d = head.config, head.t2d.clone()
-        coverage = float("nan")
+        counts = sum(torch.bincount(s["ids"][s["start"]:], minlength=tc.vocab_size) for s in train)
+        coverage = float(counts[t2d].sum() / counts.sum())
     else:
         head = Eagle3Head(cfg)
         head.d2t.copy_(d2t)
