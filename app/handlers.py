@@ -132,7 +132,9 @@ def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bo
     while True:
         t = min(end, t + step)
         cut = {m: sum(1 for x in clocks[m][0] if x <= t) for m in runs}
-        yield _race_frame(lm, runs, cut, with_vanilla, f"replay at {t:.2f} s of {end:.2f} s (common clock)", ref)
+        msg = (f"Done · replayed on a common clock ({end:.2f} s)" if t >= end else
+               f"replay at {t:.2f} s of {end:.2f} s (common clock)")
+        yield _race_frame(lm, runs, cut, with_vanilla, msg, ref)
         if t >= end:
             break
         time.sleep(step / replay_speed)

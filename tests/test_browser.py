@@ -61,7 +61,7 @@ def test_race_three_lanes(page):
         pytest.skip("the race needs the shipped EAGLE3 head and probe")
     page.get_by_role("tab", name="Race").click()
     page.locator("#race-run").click()
-    page.wait_for_function("document.querySelector('#race-status').innerText.includes('replay') && "
+    page.wait_for_function("document.querySelector('#race-status').innerText.includes('Done') && "
                            "document.querySelectorAll('#race-lanes .ssd-lane').length >= 3", timeout=300_000)
     shot(page, "race")
 
