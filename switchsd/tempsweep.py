@@ -66,13 +66,13 @@ def compare(samples: list[tuple[int, ...]], ref: list[tuple[int, ...]]) -> dict:
 
 
 def draws(lm, method: str, ids: list[int], args, budget: int, T: float, n: int, neural: Neural) -> list[tuple]:
+    """n continuations of `args.dist_tokens` tokens at temperature T, seeds 0..n-1 (target and drafter)."""
     a = argparse.Namespace(**{**vars(args), "temperature": T, "max_new_tokens": args.dist_tokens})
-    eng = build_engine(method, lm, engine_config(a, budget), copy_config(a), neural, seed=0)
+    cfg, copy = engine_config(a, budget), copy_config(a)
     out = []
     for s in range(n):
-        eng_s = build_engine(method, lm, engine_config(a, budget), copy_config(a), neural, seed=s) \
-            if method != "vanilla" else eng       # drafters' own generators seeded per draw
-        out.append(tuple(eng_s.run(ids, torch.Generator().manual_seed(s)).token_ids))
+        eng = build_engine(method, lm, cfg, copy, neural, seed=s)     # the drafter's own generator: seed s + 1
+        out.append(tuple(eng.run(ids, torch.Generator().manual_seed(s)).token_ids))
     return out
 
 
