@@ -15,6 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from switchsd.batching import length_batches
 from switchsd.capture import HiddenCapture
 from switchsd.models import LoadedModel
 
@@ -70,15 +71,7 @@ def site_features(lm: LoadedModel, seqs: list[tuple[int, list[int], int]], out: 
     """seqs: (sample id, tokens, start of the generated part). Writes out/chunk_XXXXX.safetensors."""
     out.mkdir(parents=True, exist_ok=True)
     sites = all_sites(lm.model)
-    order = sorted(seqs, key=lambda s: len(s[1]))
-    chunks, cur = [], []
-    for s in order:
-        if cur and len(s[1]) * (len(cur) + 1) > tokens_per_batch:
-            chunks.append(cur)
-            cur = []
-        cur.append(s)
-    if cur:
-        chunks.append(cur)
+    chunks = length_batches(seqs, lambda s: len(s[1]), tokens_per_batch)
     with HiddenCapture(lm.model, sites) as cap:
         for ci, chunk in enumerate(tqdm(chunks, desc=desc, unit="chunk")):
             path = out / f"chunk_{ci:05d}.safetensors"

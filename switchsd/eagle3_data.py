@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from .batching import length_batches
 from .models import LoadedModel
 
 
@@ -75,16 +76,7 @@ def from_completions(lm: LoadedModel, jsonl: Path, out: Path, layers: tuple[int,
     import json
     rows = [json.loads(l) for l in jsonl.read_text().splitlines() if l.strip()]
     rows = [r for r in rows if r.get("completion_ids")]
-    rows.sort(key=lambda r: len(r["prompt_ids"]) + len(r["completion_ids"]))
-    chunks, cur = [], []
-    for r in rows:
-        T = len(r["prompt_ids"]) + len(r["completion_ids"])
-        if cur and T * (len(cur) + 1) > tokens_per_batch:
-            chunks.append(cur)
-            cur = []
-        cur.append(r)
-    if cur:
-        chunks.append(cur)
+    chunks = length_batches(rows, lambda r: len(r["prompt_ids"]) + len(r["completion_ids"]), tokens_per_batch)
     out.mkdir(parents=True, exist_ok=True)
     for si, chunk in enumerate(tqdm(chunks, desc=f"features of {jsonl.name}", unit="shard")):
         path = out / f"feat_{si:05d}.safetensors"

@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from .batching import length_batches
 from .drafters.eagle3_model import Eagle3Config, Eagle3Head, save_eagle3
 from .eagle3_data import build, from_completions, load_samples
 from .eagle3_prompts import build_prompts
@@ -113,16 +114,7 @@ def ttt_loss(head: Eagle3Head, embed, teacher_w: torch.Tensor, batch: list[dict]
 
 
 def batches(samples: list[dict], tokens_per_batch: int, rng: random.Random) -> list[list[dict]]:
-    order = sorted(samples, key=lambda s: len(s["ids"]))
-    out, cur, longest = [], [], 0
-    for s in order:
-        longest = max(longest, len(s["ids"]))
-        if cur and longest * (len(cur) + 1) > tokens_per_batch:
-            out.append(cur)
-            cur, longest = [], len(s["ids"])
-        cur.append(s)
-    if cur:
-        out.append(cur)
+    out = length_batches(samples, lambda s: len(s["ids"]), tokens_per_batch)
     rng.shuffle(out)
     return out
 

@@ -41,3 +41,13 @@ def test_from_completions_matches_single_forwards(tmp_path, tiny_model):
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "extra").glob("feat_*")}
     from_completions(lm, jsonl, tmp_path / "extra", layers, tokens_per_batch=64)
     assert before == {p.name: p.stat().st_mtime_ns for p in (tmp_path / "extra").glob("feat_*")}
+
+
+def test_length_batches_pack_under_the_token_budget():
+    from switchsd.batching import length_batches
+    lens = [5, 40, 3, 17, 17, 90, 1, 33]
+    out = length_batches(lens, lambda n: n, 64)
+    assert sorted(x for b in out for x in b) == sorted(lens)
+    for b in out:
+        assert b == sorted(b) and (len(b) == 1 or max(b) * len(b) <= 64)
+    assert [90] in out                     # longer than the budget: alone
