@@ -29,6 +29,8 @@ from .datasets import DATASETS, load_prompts
 from .drafters.oracle import OracleDrafter
 from .engine import Engine
 from .methods import METHODS
+from .mismatch import explain, summarize_mismatches
+from .models import load_model
 from .policies import Fixed
 
 
@@ -58,6 +60,39 @@ def aggregate(records: list[dict], vanilla_ids: dict) -> dict:
     }
 
 
+def _mismatches(args, lm, prompts: dict, records: dict, vanilla_ids: dict) -> list[dict]:
+    """Explain every output that differs from vanilla (see switchsd.mismatch); float32 re-scoring."""
+    bad = [(m, r) for m, rs in records.items() if m != "vanilla" for r in rs if r["token_ids"] != vanilla_ids[r["id"]]]
+    if not bad:
+        return []
+    ref = lm.model if lm.dtype == torch.float32 else load_model(args.model, "float32", str(lm.device)).model
+    out = []
+    for m, r in tqdm(bad, desc="explaining mismatches", file=sys.stderr):
+        x = explain(ref, prompts[r["id"]], vanilla_ids[r["id"]], r["token_ids"])
+        out.append({"method": m, "id": r["id"], **x})
+    return out
+
+
+def _resume(path: Path, key: dict, fresh: bool) -> list[dict]:
+    """Finished prompts of an interrupted run with the same settings (first line of the file = its key)."""
+    if fresh or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": key}) + "\n")
+        return []
+    lines = []
+    for x in path.read_text().splitlines():
+        try:
+            lines.append(json.loads(x))
+        except json.JSONDecodeError:     # a line cut by a kill: that prompt runs again
+            break
+    if not lines or lines[0].get("key") != json.loads(json.dumps(key)):
+        raise SystemExit(f"error: {path} holds a run with other settings; pass --fresh to discard it "
+                         "or choose another --out")
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))   # drop a cut last line, if any
+    print(f"resuming: {len(lines) - 1} prompt(s) already done in {path}", file=sys.stderr)
+    return lines[1:]
+
+
 def table(summary: dict) -> str:
     orc = any("of_oracle" in s for s in summary.values())
     rows = ["| method | Tok/s (mean) | Tok/s (total) | speedup |" + (" of oracle |" if orc else "") +
@@ -81,6 +116,8 @@ def main(argv=None) -> None:
     ap.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     ap.add_argument("--warmup", type=int, default=1, help="warm-up generations per method before timing")
     ap.add_argument("--out", default="runs/bench")
+    ap.add_argument("--fresh", action="store_true",
+                    help="discard a partial run in --out (default: resume it, prompt by prompt)")
     add_model_args(ap)
     add_decode_args(ap)
     add_neural_args(ap)
@@ -119,17 +156,31 @@ def main(argv=None) -> None:
         warm.close()
     records: dict[str, list[dict]] = {m: [] for m in methods}
     vanilla_ids: dict = {}
-    bar = tqdm(total=len(encoded) * len(methods), desc=f"bench {args.dataset}", unit="gen", file=sys.stderr)
-    for pid, ids in encoded:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    # Checkpoint: one JSON line per finished prompt, so a long run resumes where it stopped.
+    key = {"dataset": args.dataset, "methods": methods, "prompts": [pid for pid, _ in encoded],
+           "dtype": str(lm.dtype), "budget": budget, "engine": asdict(cfg), "copy": asdict(copy)}
+    done = _resume(out / "partial.jsonl", key, args.fresh)
+    for line in done:
+        vanilla_ids[line["id"]] = line["records"]["vanilla"]["token_ids"]
+        for m in methods:
+            records[m].append(line["records"][m])
+    bar = tqdm(total=len(encoded) * len(methods), initial=len(done) * len(methods), desc=f"bench {args.dataset}",
+               unit="gen", file=sys.stderr)
+    for pid, ids in encoded[len(done):]:
+        row = {}
         for m in methods:
             eng = oracle(ids + vanilla_ids[pid]) if m == "oracle" else engines[m]
             res = eng.run(ids, torch.Generator().manual_seed(0))
             if m == "vanilla":
                 vanilla_ids[pid] = res.token_ids
-            records[m].append({"id": pid, "prompt_tokens": len(ids), "token_ids": res.token_ids,
-                               "stats": res.stats})
+            row[m] = {"id": pid, "prompt_tokens": len(ids), "token_ids": res.token_ids, "stats": res.stats}
+            records[m].append(row[m])
             bar.set_postfix(method=m, tok_s=f"{res.stats['tok_s']:.1f}")
             bar.update()
+        with open(out / "partial.jsonl", "a") as f:
+            f.write(json.dumps({"id": pid, "records": row}) + "\n")
     bar.close()
     summary = {m: aggregate(records[m], vanilla_ids) for m in methods}
     base = summary["vanilla"]["tok_s"]
@@ -138,19 +189,19 @@ def main(argv=None) -> None:
     if "oracle" in summary:
         for s in summary.values():
             s["of_oracle"] = s["speedup"] / summary["oracle"]["speedup"] if summary["oracle"]["speedup"] else 0.0
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    mismatches = _mismatches(args, lm, dict(encoded), records, vanilla_ids)
     meta = {"dataset": args.dataset, "n_prompts": len(encoded), "methods": methods, "model": lm.name,
             "device": str(lm.device), "dtype": str(lm.dtype), "chat": chat, "budget": budget,
             "budget_source": source, "engine": asdict(cfg), "copy": asdict(copy),
             "torch": torch.__version__, "platform": platform.platform(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": "python -m switchsd.bench " + " ".join(argv if argv is not None else sys.argv[1:])}
-    (out / "results.json").write_text(json.dumps({"meta": meta, "summary": summary, "records": records}, indent=1))
+    (out / "results.json").write_text(json.dumps({"meta": meta, "summary": summary, "mismatches": mismatches,
+                                                  "records": records}, indent=1))
     md = table(summary)
     (out / "table.md").write_text(f"{args.dataset}, {len(encoded)} prompts, {lm.name} on {lm.device} "
                                   f"({lm.dtype}), budget {budget}, max_new_tokens {cfg.max_new_tokens}, "
-                                  f"T={cfg.sampling.temperature}\n\n{md}\n")
+                                  f"T={cfg.sampling.temperature}\n\n{md}\n\n{summarize_mismatches(mismatches)}\n")
     print(md)
     print(json.dumps({"methods": {m: {"tok_s": round(s["tok_s"], 3), "speedup": round(s["speedup"], 3),
                                       "tau": round(s["tau"], 3), "identical": s["identical"], "n": s["n"],

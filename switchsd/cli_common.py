@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -170,21 +171,31 @@ def copy_config(args) -> CopyConfig:
 
 def parse_method(spec: str) -> tuple[str, dict]:
     """'eagle3@chain4' -> ('eagle3', {chain: True, gamma: 4}); 'switchsd@tree4x5x24' -> tree top_k 4, depth 5,
-    24 nodes. Lets one bench run compare drafting shapes side by side."""
-    base, _, var = spec.partition("@")
-    if not var:
-        return base, {}
+    24 nodes; '+'-joined extras: 'kN' (copy kappa), 'tX' (probe tau), e.g. 'switchsd@chain1+k3+t0.4'.
+    Lets one bench run compare drafting shapes and gate settings side by side."""
     import re
-    if m := re.fullmatch(r"chain(\d+)", var):
-        return base, {"chain": True, "gamma": int(m[1])}
-    if m := re.fullmatch(r"tree(\d+)x(\d+)x(\d+)", var):
-        return base, {"chain": False, "tree_topk": int(m[1]), "tree_depth": int(m[2]), "tree_tokens": int(m[3])}
-    raise SystemExit(f"error: bad method variant {spec!r}: use NAME@chainG or NAME@treeKxDxN")
+    base, _, var = spec.partition("@")
+    out: dict = {}
+    for part in filter(None, var.split("+")):
+        if m := re.fullmatch(r"chain(\d+)", part):
+            out.update(chain=True, gamma=int(m[1]))
+        elif m := re.fullmatch(r"tree(\d+)x(\d+)x(\d+)", part):
+            out.update(chain=False, tree_topk=int(m[1]), tree_depth=int(m[2]), tree_tokens=int(m[3]))
+        elif m := re.fullmatch(r"k(\d+)", part):
+            out["kappa"] = int(m[1])
+        elif m := re.fullmatch(r"t(\d*\.?\d+)", part):
+            out["tau"] = float(m[1])
+        else:
+            raise SystemExit(f"error: bad method variant {spec!r}: use NAME@chainG or NAME@treeKxDxN, "
+                             "optionally +kN (kappa) +tX (tau)")
+    return base, out
 
 
 def build_engine(method: str, lm: LoadedModel, cfg: EngineConfig, copy: CopyConfig,
                  neural: Neural | None = None, seed: int = 0) -> Engine:
     method, variant = parse_method(method)
+    if "kappa" in variant:
+        copy = replace(copy, kappa=variant.pop("kappa"))
     if variant and neural is not None:
         neural = neural.with_overrides(variant)
     if method not in METHODS:

@@ -1,0 +1,73 @@
+"""Benchmark bookkeeping: resuming an interrupted run, and explaining outputs that differ from vanilla."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from helpers import make_tiny_model, random_prompt
+from switchsd.bench import _resume, aggregate
+from switchsd.mismatch import explain, first_divergence, summarize_mismatches
+
+
+def test_first_divergence():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2, 3], [1, 2]) == 2          # one output stopped earlier
+    assert first_divergence([], [4]) == 0
+
+
+def test_explain_reports_the_float32_margin_at_the_first_difference():
+    model = make_tiny_model(seed=3).to(torch.float32)
+    prompt = random_prompt(1, 12)
+    vanilla = [5, 6, 7, 8]
+    other = [5, 6, 9, 8]
+    x = explain(model, prompt, vanilla, other)
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + vanilla[:2]])).logits[0, -1]
+    assert x["position"] == 2 and x["kind"] == "token"
+    assert x["fp32_margin"] == pytest.approx(float(logits[7] - logits[9]), abs=1e-5)
+    assert x["fp32_argmax"] == int(logits.argmax())
+    assert explain(model, prompt, vanilla, list(vanilla)) is None
+    assert explain(model, prompt, vanilla, vanilla[:3])["kind"] == "length"
+    text = summarize_mismatches([{"method": "m", "id": "p", **x}])
+    assert "1 output(s) differ" in text and "m / p" in text
+    assert summarize_mismatches([]) == "All outputs identical to vanilla."
+
+
+def test_resume_keeps_finished_prompts_and_drops_a_cut_line(tmp_path):
+    path = tmp_path / "partial.jsonl"
+    key = {"dataset": "x", "methods": ["vanilla"], "prompts": ["a", "b", "c"]}
+    assert _resume(path, key, fresh=False) == []                        # new run: writes the key line
+    with open(path, "a") as f:
+        f.write(json.dumps({"id": "a", "records": {"vanilla": {"id": "a"}}}) + "\n")
+        f.write('{"id": "b", "reco')                                    # killed mid-write
+    done = _resume(path, key, fresh=False)
+    assert [d["id"] for d in done] == ["a"]
+    assert len(path.read_text().splitlines()) == 2                     # the cut line is gone
+    with pytest.raises(SystemExit, match="other settings"):
+        _resume(path, {**key, "methods": ["vanilla", "pld"]}, fresh=False)
+    assert _resume(path, {**key, "methods": ["vanilla", "pld"]}, fresh=True) == []
+
+
+def test_aggregate_counts_identity_and_paths():
+    stats = lambda tok_s, paths: {"tok_s": tok_s, "new_tokens": 10, "wall_s": 10 / tok_s, "steps": 5,
+                                  "paths": paths}
+    recs = [{"id": "a", "token_ids": [1, 2], "stats": stats(10.0, {"copy": {"steps": 2, "accepted": 6, "zero": 1},
+                                                                    "vanilla": {"steps": 3, "accepted": 0}})},
+            {"id": "b", "token_ids": [3], "stats": stats(20.0, {"vanilla": {"steps": 5, "accepted": 0}})}]
+    s = aggregate(recs, {"a": [1, 2], "b": [4]})
+    assert s["identical"] == 1 and s["n"] == 2
+    assert s["tok_s"] == pytest.approx(15.0) and s["tau"] == pytest.approx(2.0)
+    assert s["paths"]["copy"] == {"pct": pytest.approx(20.0), "mal": pytest.approx(3.0), "zero_accept": 0.5}
+
+
+def test_method_variants_parse():
+    from switchsd.cli_common import parse_method
+    assert parse_method("eagle3") == ("eagle3", {})
+    assert parse_method("eagle3@chain4") == ("eagle3", {"chain": True, "gamma": 4})
+    assert parse_method("switchsd@tree2x3x6+k3+t0.4") == (
+        "switchsd", {"chain": False, "tree_topk": 2, "tree_depth": 3, "tree_tokens": 6, "kappa": 3, "tau": 0.4})
+    with pytest.raises(SystemExit, match="bad method variant"):
+        parse_method("switchsd@chain")
