@@ -18,9 +18,11 @@ CSS = """
   border-bottom:3px solid transparent}
 .ssd-tokens .tok.bonus{outline:1px solid #495057;outline-offset:-1px}
 .ssd-tokens .tok.step-start{box-shadow:-2px 0 0 #868e96}
-#ssd-card{display:none;position:fixed;z-index:1000;min-width:240px;max-width:360px;background:#212529;
-  color:#f8f9fa;padding:6px 8px;border-radius:6px;font-size:12px;line-height:1.4;pointer-events:none}
-#ssd-card div:first-child{font-weight:bold;color:#fff}
+.ssd-tokens .tok .card{display:none;position:absolute;left:0;top:1.8em;z-index:20;min-width:240px;max-width:360px;
+  background:#212529;color:#f8f9fa;padding:6px 8px;border-radius:6px;font-size:12px;white-space:normal;
+  line-height:1.4;pointer-events:none}
+.ssd-tokens .tok:hover .card{display:block}
+.ssd-tokens .tok .card b{color:#fff}
 .ssd-tokens .ctx{color:#495057}
 .ssd-tokens .ctx.src-hi{background:#ffe066}
 .ssd-legend span{padding:1px 6px;margin-right:6px;border-radius:3px;font-size:12px}
@@ -31,40 +33,18 @@ CSS = """
 .ssd-strip .lab{display:block;height:4px}
 """
 
-# Hover cards are built on demand by this script from data attributes (the step's first token carries the
-# card's lines in data-card), so each streamed frame holds one span per token and no hidden card markup.
-# Hovering a copied token also highlights its source span in the context. Event delegation; the card is
-# filled with textContent only, so no model text is ever parsed as HTML.
+# Hovering a copied token highlights its source span in the context (event delegation; no model text in JS).
 HEAD_JS = """<script>
-(function(){
-  function card(){
-    var c = document.getElementById('ssd-card');
-    if(!c){ c = document.createElement('div'); c.id = 'ssd-card'; document.body.appendChild(c); }
-    return c;
+document.addEventListener('mouseover', function(e){
+  var t = e.target.closest && e.target.closest('.tok[data-src]');
+  document.querySelectorAll('.src-hi').forEach(function(x){x.classList.remove('src-hi')});
+  if(!t) return;
+  var root = t.closest('.ssd-tokens'); if(!root) return;
+  var s = parseInt(t.getAttribute('data-src')), n = parseInt(t.getAttribute('data-srclen') || '1');
+  for (var i = s; i < s + n; i++) {
+    var el = root.querySelector('[data-pos="' + i + '"]'); if (el) el.classList.add('src-hi');
   }
-  document.addEventListener('mouseover', function(e){
-    var t = e.target.closest && e.target.closest('.ssd-tokens .tok[data-step]');
-    document.querySelectorAll('.src-hi').forEach(function(x){x.classList.remove('src-hi')});
-    var c = card();
-    if(!t){ c.style.display = 'none'; return; }
-    var root = t.closest('.ssd-tokens');
-    var head = root.querySelector('.tok[data-card][data-step="' + t.getAttribute('data-step') + '"]');
-    var lines = head ? head.getAttribute('data-card').split('|') : [];
-    if(t.getAttribute('data-path') === 'bonus' && lines.length)
-      lines[0] = 'step ' + t.getAttribute('data-step') + ' \u00b7 bonus token (the target\'s own choice)';
-    c.textContent = '';
-    lines.forEach(function(l){ var d = document.createElement('div'); d.textContent = l; c.appendChild(d); });
-    var r = t.getBoundingClientRect();
-    c.style.left = Math.max(4, Math.min(r.left, window.innerWidth - 370)) + 'px';
-    c.style.top = (r.bottom + 6) + 'px';
-    c.style.display = lines.length ? 'block' : 'none';
-    if(!t.hasAttribute('data-src')) return;
-    var s = parseInt(t.getAttribute('data-src')), n = parseInt(t.getAttribute('data-srclen') || '1');
-    for (var i = s; i < s + n; i++) {
-      var el = root.querySelector('[data-pos="' + i + '"]'); if (el) el.classList.add('src-hi');
-    }
-  });
-})();
+});
 </script>"""
 
 
@@ -93,21 +73,20 @@ def probe_bar(score: float | None, tau: float) -> str:
     return f"rgba(247,103,7,{a:.2f})" if d >= 0 else f"rgba(28,126,214,{a:.2f})"
 
 
-def card_lines(e: StepEvent, tau: float) -> list[str]:
-    """Plain-text lines of a step's hover card (the page's script shows them on hover; bonus tokens get their
-    own first line there)."""
-    lines = [f"step {e.step} · {PATH_NAMES.get(e.path, e.path)}"]
+def _card(e: StepEvent, is_bonus: bool, tau: float, tokenizer) -> str:
+    lines = [f"<b>step {e.step}</b> · {html.escape(PATH_NAMES.get(e.path, e.path))}" if not is_bonus else
+             f"<b>step {e.step}</b> · bonus token (the target's own choice)"]
     if e.probe_score is not None:
         rel = "≥" if e.probe_score >= tau else "<"
         lines.append(f"probe {e.probe_score:.3f} {rel} tau {tau:.2f}")
     if e.gate and "kgram_match" in e.gate:
         lines.append("kappa-gram seen earlier: " + ("yes" if e.gate["kgram_match"] else "no"))
     if e.gate and "arm" in e.gate:
-        lines.append(f"bandit arm: {e.gate['arm']}")
+        lines.append(f"bandit arm: {html.escape(str(e.gate['arm']))}")
     if e.match and e.match.get("sources"):
         lines.append(f"copied from position {int(e.match['sources'][0])}")
     lines.append(f"drafted {e.n_verified - 1} · accepted {len(e.accepted)} · {len(e.candidates)} candidate(s)")
-    return [x.replace("|", "/") for x in lines]
+    return "<br>".join(lines)
 
 
 def _src_of(e: StepEvent, i: int) -> int | None:
@@ -130,7 +109,8 @@ def tokens_html(tokenizer, events: Sequence[StepEvent], tau: float = 0.5, prompt
     spans = []
     for e in events:
         n_acc = len(e.accepted)
-        card = html.escape("|".join(card_lines(e, tau)), quote=True)
+        card = _card(e, False, tau, tokenizer)
+        bonus_card = _card(e, True, tau, tokenizer)
         for i, tok in enumerate(e.new_tokens):
             is_bonus = i >= n_acc
             path = "bonus" if is_bonus else e.path
@@ -139,12 +119,11 @@ def tokens_html(tokenizer, events: Sequence[StepEvent], tau: float = 0.5, prompt
             probe = "" if e.probe_score is None else f"{e.probe_score:.4f}"
             src = None if is_bonus else _src_of(e, i)
             src_attr = f' data-src="{src}" data-srclen="1"' if src is not None else ""
-            if i == 0:
-                src_attr += f' data-card="{card}"'
             spans.append(
                 f'<span class="{cls}" style="background:{bg};border-bottom-color:{probe_bar(e.probe_score, tau)}"'
                 f' data-path="{path}" data-step="{e.step}" data-probe="{probe}" data-pos="{e.position + i}"'
-                f'{src_attr}>{html.escape(token_text(tokenizer, tok))}</span>')
+                f'{src_attr}>{html.escape(token_text(tokenizer, tok))}'
+                f'<span class="card">{bonus_card if is_bonus else card}</span></span>')
     legend = "".join(f'<span style="background:{c}">{p}</span>' for p, c in PATH_COLORS.items() if p != "oracle")
     legend += ('<span style="outline:1px solid #495057">bonus</span>'
                '<span style="border-bottom:3px solid rgba(247,103,7,.9)">probe ≥ tau</span>'

@@ -10,7 +10,7 @@ PY=${PY:-.venv/bin/python}
 OUT=${OUT:-runs/issue5}
 case "${1:-all}" in
   temperature|all)
-    $PY -m switchsd.analysis temperature --dataset mtbench --limit 6 --max-new-tokens 128 --dtype bfloat16 \
+    $PY -m switchsd.analysis temperature --dataset mtbench --limit 4 --max-new-tokens 96 --dtype bfloat16 \
         --methods vanilla,copyspec@chain1,eagle3@chain1,switchsd@chain1+k2+t0.3 --dist-samples 60 \
         --out "$OUT/temperature" | tail -30 ;;&
   regime|all)

@@ -52,9 +52,6 @@ def test_generate_copy_heavy_preset(page):
     first = spans.first
     assert first.get_attribute("data-step") is not None and first.get_attribute("data-path") is not None
     page.locator('#tokens .tok[data-path="copy"]').first.hover()
-    card = page.locator("#ssd-card")
-    card.wait_for(state="visible", timeout=5_000)
-    assert "step" in card.inner_text() and "copied from the context" in card.inner_text()
     shot(page, "generate")
 
 
