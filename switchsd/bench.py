@@ -76,7 +76,6 @@ def _mismatches(args, lm, prompts: dict, records: dict, vanilla_ids: dict) -> li
 def _resume(path: Path, key: dict, fresh: bool) -> list[dict]:
     """Finished prompts of an interrupted run with the same settings (first line of the file = its key)."""
     if fresh or not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"key": key}) + "\n")
         return []
     lines = []
