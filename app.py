@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import argparse
 
+from starlette.middleware import Middleware
+
+from app.early_js import EarlyScript
 from app.render import CSS, HEAD_JS
 from app.resources import Resources
-from app.studio import build_demo
+from app.studio import build_demo, quiet_queue
 
 
 def main(argv=None) -> None:
@@ -22,8 +25,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     demo = build_demo(Resources(model_name=args.model, dtype=args.dtype, device=args.device, eagle=args.eagle,
                                 draft=args.draft, probe=args.probe))
-    demo.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, share=args.share,
-                                                   head=HEAD_JS, css=CSS)
+    demo = quiet_queue(demo.queue(default_concurrency_limit=1))
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, head=HEAD_JS, css=CSS,
+                app_kwargs={"middleware": [Middleware(EarlyScript)]})   # app/early_js.py: why
 
 
 if __name__ == "__main__":

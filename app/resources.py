@@ -13,6 +13,8 @@ from switchsd.engine import Engine
 from switchsd.models import DEFAULT_MODEL, LoadedModel, load_model
 from switchsd.probe import Probe, ProbeError, load_probe
 
+from .worker import TorchThread
+
 PROBE_DIR = Path(__file__).resolve().parents[1] / "probes"
 
 
@@ -31,6 +33,8 @@ class Resources:
     _lm: LoadedModel | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _probes: dict = field(default_factory=dict)
+    _neural: Neural | None = None
+    worker: TorchThread = field(default_factory=TorchThread)   # every torch computation runs on this thread
 
     @property
     def loaded(self) -> bool:
@@ -39,7 +43,7 @@ class Resources:
     def lm(self) -> LoadedModel:
         with self._lock:
             if self._lm is None:
-                self._lm = load_model(self.model_name, self.dtype, self.device)
+                self._lm = self.worker.call(load_model, self.model_name, self.dtype, self.device)
             return self._lm
 
     def default_method(self) -> str:
@@ -56,10 +60,13 @@ class Resources:
         return f"{lm.name} · {lm.device} · {str(lm.dtype).replace('torch.', '')}"
 
     def neural(self, **overrides) -> Neural:
-        opts = dict(eagle=self.eagle, draft=self.draft, neural="eagle3", chain=False, gamma=5, tree_topk=4,
-                    tree_depth=5, tree_tokens=24, probe=self.probe, tau=None, bandit_c=1.0)
-        opts.update({k: v for k, v in overrides.items() if v is not None})
-        return Neural(SimpleNamespace(**opts), self.lm())
+        """The drafters' weights load once (first use); each engine gets a view with its own options."""
+        lm = self.lm()
+        if self._neural is None:
+            opts = dict(eagle=self.eagle, draft=self.draft, neural="eagle3", chain=False, gamma=5, tree_topk=4,
+                        tree_depth=5, tree_tokens=24, probe=self.probe, tau=None, bandit_c=1.0)
+            self._neural = self.worker.call(Neural, SimpleNamespace(**opts), lm)
+        return self._neural.with_overrides({k: v for k, v in overrides.items() if v is not None})
 
     def engine(self, method: str, max_new_tokens: int, temperature: float = 0.0, tau: float | None = None,
                kappa: int = 5, width: int = 10, depth: int = 20, gamma: int | None = None) -> Engine:
@@ -73,7 +80,7 @@ class Resources:
         chain = gamma is not None and int(gamma) > 0
         neural = self.neural(tau=tau, chain=chain or None, gamma=int(gamma) if chain else None)
         try:
-            return build_engine(method, lm, cfg, copy, neural)
+            return self.worker.call(build_engine, method, lm, cfg, copy, neural)
         except SystemExit as e:  # the shared builders report setup problems as SystemExit("error: ...")
             raise UserError(str(e).removeprefix("error: ")) from None
 
@@ -90,7 +97,7 @@ class Resources:
             if not p.is_absolute():
                 p = PROBE_DIR.parent / p
             try:
-                self._probes[key] = load_probe(p, self.lm().model)
+                self._probes[key] = self.worker.call(load_probe, p, self.lm().model)
             except ProbeError as e:
                 raise UserError(str(e)) from None
         return self._probes[key]

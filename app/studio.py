@@ -22,6 +22,17 @@ PRESETS = {
 }
 
 
+def quiet_queue(demo: gr.Blocks) -> gr.Blocks:
+    """Gradio's queue polls for work every 1 ms (and for progress every 10 ms), also while a job runs: ~1000
+    wake-ups a second that preempt the engine's threads on a small CPU (the server alone idled at 5% of a core).
+    50 ms / 250 ms is plenty for one queue worker per device and costs a click at most 50 ms."""
+    q = getattr(demo, "_queue", None)
+    if q is not None and hasattr(q, "sleep_when_free"):
+        q.sleep_when_free = max(q.sleep_when_free, 0.05)
+        q.progress_update_sleep_when_free = max(getattr(q, "progress_update_sleep_when_free", 0.0), 0.25)
+    return demo
+
+
 def _ui_error(fn):
     """Turn UserError into a visible gr.Error (no tracebacks in the page)."""
     def wrapped(*a):
@@ -117,8 +128,12 @@ def build_demo(res: Resources) -> gr.Blocks:
 
         # -- wiring ---------------------------------------------------------------------------------------
         preset.change(lambda p: PRESETS.get(p, gr.skip()), preset, prompt, queue=False)
-        def gen(p, m, t, n, c, on, tau_, k, w, d, g):
-            yield from handlers.generate(res, p, m, t, n, c, tau_ if on else None, k, w, d, g)
+        def gen(p, m, t, n, c, on, tau_, k, w, d, g, request: gr.Request):
+            yield from handlers.generate(res, p, m, t, n, c, tau_ if on else None, k, w, d, g,
+                                         session=getattr(request, "session_hash", None))
+
+        def stop_fn(request: gr.Request):       # stops this session's engine at its next step
+            res.worker.cancel(getattr(request, "session_hash", None) or "")
 
         gen_ev = run.click(gen, [prompt, method, temperature, max_new, chat, tau_on, tau, kappa, width, depth, gamma],
                            [tokens, status, p_accept, p_probe, p_rate, p_toks, run_state],
@@ -127,14 +142,14 @@ def build_demo(res: Resources) -> gr.Blocks:
         gen_ev.then(lambda: res.status(), None, model_status, queue=False)
         gen_ev.then(lambda st: gr.update(maximum=max(0, len(st["events"]) - 1) if st else 0), run_state, insp_step,
                     queue=False)
-        stop.click(None, cancels=[gen_ev], queue=False)
+        stop.click(stop_fn, None, None, cancels=[gen_ev], queue=False)
         race_run.click(lambda *a: (yield from handlers.race(res, *a)), [race_prompt, race_max, chat, race_vanilla],
                        [race_lanes, race_status, race_toks, race_tau], concurrency_limit=1,
                        concurrency_id="device", api_name="race")
 
         def lab(a, b, up, text, gen):
             paths = [up if up else a] + ([b] if b else [])
-            st = probelab.score_text(res, paths, text, gen)
+            st = res.worker.call(probelab.score_text, res, paths, text, gen)
             meta = st["meta"][0]
             return st, probelab.render(res, st, st["taus"][0]), plots.layer_plot(meta.get("per_layer", [])), \
                 st["taus"][0]

@@ -1,0 +1,113 @@
+"""One thread runs every torch computation of the studio (model loading, engines, probe scoring).
+
+Why: Gradio runs each step of a streaming handler on whichever thread of its pool is free, and torch's OpenMP
+pool is per calling thread, so torch work spread over several threads pays for it. Measured on this 2-core CPU
+(SwitchSD, the copy-heavy preset, 128 tokens, medians of 3 x 3 runs in fresh processes): the engine on the main
+thread 15.6 Tok/s; each step on a pool thread 13.0; loading on one thread and generating on another 13.4;
+loading and generating on the same (non-main) thread 15.9. So the studio keeps all of it on this thread, and
+the handlers only render the events it streams back (through a queue: the engine never waits for a frame).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Callable, Iterator, TypeVar
+
+T = TypeVar("T")
+_END = object()
+
+
+def _name_os_thread(name: str) -> None:
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)     # PR_SET_NAME (Linux only)
+    except (OSError, AttributeError):
+        pass
+
+
+class TorchThread:
+    def __init__(self, name: str = "switchsd-torch") -> None:
+        self._jobs: queue.Queue = queue.Queue()
+        self._name = name
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._cancels: dict[str, threading.Event] = {}
+
+    def _ensure(self) -> None:
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        _name_os_thread(self._name)     # shows in top -H / py-spy; OpenMP threads started from here inherit it
+        while True:
+            job = self._jobs.get()
+            job()
+
+    def on_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def call(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        """Run fn on the torch thread and return its result (its exception is re-raised here)."""
+        if self.on_thread():
+            return fn(*args, **kwargs)
+        self._ensure()
+        box: queue.Queue = queue.Queue(maxsize=1)
+
+        def job():
+            try:
+                box.put((True, fn(*args, **kwargs)))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                box.put((False, e))
+        self._jobs.put(job)
+        ok, val = box.get()
+        if not ok:
+            raise val
+        return val
+
+    def stream(self, make_iter: Callable[[], Iterator[T]], key: str | None = None) -> Iterator[T]:
+        """Items of make_iter(), produced on the torch thread as fast as it can and handed over through a queue.
+        The producer stops at the next item once the consumer is closed or `cancel(key)` is called."""
+        self._ensure()
+        out: queue.Queue = queue.Queue()
+        stop = threading.Event()
+        if key is not None:
+            self._cancels[key] = stop
+
+        def job():
+            it = None
+            try:
+                it = make_iter()
+                for x in it:
+                    if stop.is_set():
+                        break
+                    out.put((True, x))
+                out.put((True, _END))
+            except BaseException as e:  # noqa: BLE001
+                out.put((False, e))
+            finally:
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
+        self._jobs.put(job)
+        try:
+            while True:
+                ok, x = out.get()
+                if not ok:
+                    raise x
+                if x is _END:
+                    return
+                yield x
+        finally:
+            stop.set()
+            if key is not None and self._cancels.get(key) is stop:
+                del self._cancels[key]
+
+    def cancel(self, key: str) -> bool:
+        """Stop the stream registered under key (e.g. a browser session's Stop button)."""
+        ev = self._cancels.get(key)
+        if ev is None:
+            return False
+        ev.set()
+        return True
