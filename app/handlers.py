@@ -18,11 +18,13 @@ from .resources import Resources, UserError
 
 MAX_PROMPT_CHARS = 20000
 MAX_NEW_TOKENS = 1024
-# Every frame costs CPU twice: here (HTML, figures, serialisation) and in the browser (DOM, four Plotly
-# renders), and on a small machine the browser shares the cores with the model. Measured with
-# scripts/app_overhead.py on 2 cores: plots every second + tokens every 0.3 s cost generation ~35% of its speed.
+# Every frame costs CPU twice: here (HTML, figures, serialisation) and in the browser (DOM, Plotly), and on a
+# small machine the browser shares the cores with the model. Measured with scripts/app_overhead.py on 2 cores
+# (docs/results.md), the live plots are the expensive part even when redrawn in place by the page script
+# (plots.live_html): on a 128-token story, plots every 0.75 s cost generation ~15%, every 2 s ~0-2%.
 REFRESH_S = float(os.environ.get("SWITCHSD_REFRESH_S", 0.75))       # the token view, not per token
-PLOT_REFRESH_S = float(os.environ.get("SWITCHSD_PLOT_REFRESH_S", 2.5))   # the four live plots
+PLOT_REFRESH_S = float(os.environ.get("SWITCHSD_PLOT_REFRESH_S", 2.0))   # the four live plots
+PLOT_IDS = ("plot-accept", "plot-probe", "plot-copy-rate", "plot-toks")    # elem ids, in output order
 UI_SHARE = 0.05            # ...and both less often when drawing would take more than this share of the time
 
 
@@ -73,10 +75,11 @@ def _events(engine, ids: list[int]) -> Iterator[StepEvent]:
 def generate(res: Resources, prompt: str, method: str, temperature: float, max_new: int, chat: bool,
              tau: float | None, kappa: int, width: int, depth: int, gamma: int,
              session: str | None = None) -> Iterator[tuple]:
-    """Streams (tokens html, status, accept fig, probe fig, copy-rate fig, tok/s fig, events)."""
+    """Streams (tokens html, status, accept fig, probe fig, copy-rate fig, tok/s fig, events, live plots html).
+    While streaming, the figures travel as live-plot HTML (plots.live_html); the final ones go to the gr.Plots."""
     try:
         first = "Loading the model (first run only)…" if not res.loaded else "Starting…"
-        yield gr.skip(), first, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        yield gr.skip(), first, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
         ids = check_prompt(res, prompt, chat)
         max_new = check_max_new(max_new)
         engine = res.engine(method, max_new, temperature, tau, kappa, width, depth, gamma)
@@ -103,11 +106,17 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
                 with_plots = done or now - last_plot >= max(PLOT_REFRESH_S, ui_cost / UI_SHARE)
                 figs = (plots.accept_plot(events), plots.probe_plot(events, t_tau), plots.copy_rate_plot(events),
                         plots.toks_plot({method: plots.timeline(events)})) if with_plots else (gr.skip(),) * 4
+                live = gr.skip()
+                if with_plots and not done:
+                    live = plots.live_html(dict(zip(PLOT_IDS, figs)))
+                    figs = (gr.skip(),) * 4
+                elif done:
+                    live = ""
                 state = {"events": events, "prompt": ids, "tau": t_tau, "method": method,
                          "tokenizer": lm.tokenizer} if done else gr.skip()      # the inspector reads the final run
                 line = status_line(s, done) + (f" · drawing {100 * ui_total / (now - t0):.0f}% of the time"
                                                if done else "")
-                yield (tokens_html(lm.tokenizer, events, t_tau, ids), line, *figs, state)
+                yield (tokens_html(lm.tokenizer, events, t_tau, ids), line, *figs, state, live)
                 last = time.perf_counter()
                 last_plot = last if with_plots else last_plot
                 ui_cost = last - now

@@ -1,6 +1,7 @@
 """Plotly figures built from StepEvent streams (pure functions: events in, figure out)."""
 from __future__ import annotations
 
+import html
 from typing import Sequence
 
 import plotly.graph_objects as go
@@ -108,3 +109,12 @@ def layer_plot(per_layer: Sequence[dict]) -> go.Figure:
         fig.add_trace(go.Scatter(x=[r["layer"] for r in rows], y=[r["f1"] for r in rows], name=f"F1 {name}",
                                  line=dict(color="#e8590c", dash=dash)))
     return _layout(fig, "probe quality per layer (from the probe's metadata)", "layer", "score")
+
+
+def live_html(figs: dict[str, go.Figure]) -> str:
+    """Live refreshes of the plots while a run streams: each figure as JSON in a data attribute of a hidden
+    element; the page script (render.HEAD_JS) redraws the plot with that id in place with Plotly.react. A
+    gr.Plot update costs the browser ~3x more (Gradio follows every react with a full resize), and on a small
+    machine the browser's work is taken from the model. The final figures still go to the gr.Plot components."""
+    return "".join(f'<div class="ssd-fig" data-target="{html.escape(k)}" data-fig="{html.escape(f.to_json())}"></div>'
+                   for k, f in figs.items())

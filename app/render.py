@@ -13,6 +13,7 @@ PATH_NAMES = {"copy": "copied from the context", "neural": "drafted by the neura
               "vanilla": "plain step (no draft)", "oracle": "oracle draft"}
 
 CSS = """
+#live-plots{display:none}
 .ssd-tokens{line-height:1.9;font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:14px}
 .ssd-tokens .tok{white-space:pre-wrap;border-radius:3px;padding:1px 0;position:relative;
   border-bottom:3px solid transparent}
@@ -35,6 +36,29 @@ CSS = """
 
 # Hovering a copied token highlights its source span in the context (event delegation; no model text in JS).
 HEAD_JS = """<script>
+// Live plots: the handler puts figure JSON into the hidden #live-plots element while a run streams; redraw the
+// plots in place (Plotly.react only, no resize). Plotly is global once the first gr.Plot has rendered (the
+// studio draws empty figures on page load).
+(function(){
+  var queued = false;
+  function redraw(){
+    queued = false;
+    var P = window.Plotly; if (!P) return;
+    document.querySelectorAll('#live-plots .ssd-fig').forEach(function(el){
+      var gd = document.querySelector('#' + el.getAttribute('data-target') + ' .js-plotly-plot');
+      if (!gd) return;
+      var fig = JSON.parse(el.getAttribute('data-fig'));
+      P.react(gd, fig.data, fig.layout, {responsive: true, displaylogo: false});
+      window.__ssdLiveFrames = (window.__ssdLiveFrames || 0) + 1;
+    });
+  }
+  new MutationObserver(function(ms){
+    for (var i = 0; i < ms.length; i++) {
+      var t = ms[i].target;
+      if (t.closest && t.closest('#live-plots')) { if (!queued) { queued = true; requestAnimationFrame(redraw); } return; }
+    }
+  }).observe(document.documentElement, {childList: true, subtree: true});
+})();
 document.addEventListener('mouseover', function(e){
   var t = e.target.closest && e.target.closest('.tok[data-src]');
   document.querySelectorAll('.src-hi').forEach(function(x){x.classList.remove('src-hi')});

@@ -81,6 +81,7 @@ def build_demo(res: Resources) -> gr.Blocks:
             with gr.Row():
                 p_rate = gr.Plot(elem_id="plot-copy-rate", show_label=False)
                 p_toks = gr.Plot(elem_id="plot-toks", show_label=False)
+            live = gr.HTML(elem_id="live-plots")       # hidden: figure JSON for the page script (plots.live_html)
         run_state = gr.State(None)
         with gr.Tab("Race", id="tab-race"):
             gr.Markdown("SwitchSD vs EAGLE3 vs CopySpec on one prompt. The methods run **one at a time** and are "
@@ -127,6 +128,9 @@ def build_demo(res: Resources) -> gr.Blocks:
                     gr.Markdown(handlers.EXPLANATION)
 
         # -- wiring ---------------------------------------------------------------------------------------
+        # empty axes from the start (and Plotly.js loaded before the first run, for the live refreshes)
+        demo.load(lambda: (plots.accept_plot([]), plots.probe_plot([], 0.5), plots.copy_rate_plot([]),
+                           plots.toks_plot({})), None, [p_accept, p_probe, p_rate, p_toks], queue=False)
         preset.change(lambda p: PRESETS.get(p, gr.skip()), preset, prompt, queue=False)
         def gen(p, m, t, n, c, on, tau_, k, w, d, g, request: gr.Request):
             yield from handlers.generate(res, p, m, t, n, c, tau_ if on else None, k, w, d, g,
@@ -136,7 +140,7 @@ def build_demo(res: Resources) -> gr.Blocks:
             res.worker.cancel(getattr(request, "session_hash", None) or "")
 
         gen_ev = run.click(gen, [prompt, method, temperature, max_new, chat, tau_on, tau, kappa, width, depth, gamma],
-                           [tokens, status, p_accept, p_probe, p_rate, p_toks, run_state],
+                           [tokens, status, p_accept, p_probe, p_rate, p_toks, run_state, live],
                            concurrency_limit=1, concurrency_id="device", api_name="generate",
                            show_progress="hidden")   # our status line says it; Gradio's animated overlay costs CPU
         gen_ev.then(lambda: res.status(), None, model_status, queue=False)

@@ -194,6 +194,8 @@ def parse_method(spec: str) -> tuple[str, dict]:
 def build_engine(method: str, lm: LoadedModel, cfg: EngineConfig, copy: CopyConfig,
                  neural: Neural | None = None, seed: int = 0) -> Engine:
     method, variant = parse_method(method)
+    if "tau" in variant and method not in NEEDS_PROBE:
+        raise SystemExit(f"error: +t (probe tau) only applies to {', '.join(NEEDS_PROBE)}, not {method}")
     if "kappa" in variant:
         copy = replace(copy, kappa=variant.pop("kappa"))
     if variant and neural is not None:

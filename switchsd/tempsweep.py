@@ -65,7 +65,8 @@ def compare(samples: list[tuple[int, ...]], ref: list[tuple[int, ...]]) -> dict:
                                                                       "p": t[2]} for k, t in tests.items()}}
 
 
-def draws(lm, method: str, ids: list[int], args, budget: int, T: float, n: int, neural: Neural) -> list[tuple]:
+def draws(lm, method: str, ids: list[int], args, budget: int, T: float, n: int, neural: Neural,
+          bar=None) -> list[tuple]:
     """n continuations of `args.dist_tokens` tokens at temperature T, seeds 0..n-1 (target and drafter)."""
     a = argparse.Namespace(**{**vars(args), "temperature": T, "max_new_tokens": args.dist_tokens})
     cfg, copy = engine_config(a, budget), copy_config(a)
@@ -73,6 +74,8 @@ def draws(lm, method: str, ids: list[int], args, budget: int, T: float, n: int, 
     for s in range(n):
         eng = build_engine(method, lm, cfg, copy, neural, seed=s)     # the drafter's own generator: seed s + 1
         out.append(tuple(eng.run(ids, torch.Generator().manual_seed(s)).token_ids))
+        if bar is not None:
+            bar.update()
     return out
 
 
@@ -106,23 +109,31 @@ def temperature(args) -> None:
                              "tau": sum(r["new_tokens"] for r in rs) / sum(r["steps"] for r in rs)}
                          for m, rs in recs.items()}
     bar.close()
+    out = Path(args.out)
+    _write(out, temps, methods, speed, {}, args)          # the speed table is kept even if the check is cut short
     dist: dict = {}
     ids = lm.encode(args.dist_prompt, chat=chat)
-    for T in [t for t in temps if t > 0] if args.dist_samples > 0 else []:
-        ref = draws(lm, "vanilla", ids, args, budget, T, args.dist_samples, neural)
+    dist_temps = [t for t in temps if t > 0] if args.dist_samples > 0 else []
+    bar = tqdm(total=len(dist_temps) * (len(methods) + 1) * args.dist_samples, desc="distribution check",
+               unit="draw")
+    for T in dist_temps:
+        ref = draws(lm, "vanilla", ids, args, budget, T, args.dist_samples, neural, bar)
         res = {"negative_control_vanilla_at_1.5T": compare(
-            draws(lm, "vanilla", ids, args, budget, 1.5 * T, args.dist_samples, neural), ref)}
+            draws(lm, "vanilla", ids, args, budget, 1.5 * T, args.dist_samples, neural, bar), ref)}
         for m in methods[1:]:
-            s = draws(lm, m, ids, args, budget, T, args.dist_samples, neural)
+            s = draws(lm, m, ids, args, budget, T, args.dist_samples, neural, bar)
             res[m] = {**compare(s, ref), "same_as_vanilla_same_seed": sum(x == y for x, y in zip(s, ref)) / len(s),
                       "distinct_continuations": len(set(s))}
         dist[str(T)] = res
         print(f"T={T}: " + ", ".join(f"{m} p={r['p_min_bonf']:.3g}" for m, r in res.items()), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "temperature.json").write_text(json.dumps({"speed": speed, "distribution": dist,
-                                                      "dist_prompt": args.dist_prompt,
-                                                      "dist_samples": args.dist_samples}, indent=1))
+        _write(out, temps, methods, speed, dist, args)
+    bar.close()
+    print("\n".join(_table(temps, methods, speed, dist)))
+    print(json.dumps({"speedup": {t: {m: round(v["speedup"], 3) for m, v in s.items()} for t, s in speed.items()},
+                      "dist_p": {t: {m: r["p_min_bonf"] for m, r in d.items()} for t, d in dist.items()}}))
+
+
+def _table(temps, methods, speed, dist) -> list[str]:
     lines = ["| method | " + " | ".join(f"T={t}" for t in temps) + " |", "|---|" + "---|" * len(temps)]
     for m in methods:
         lines.append(f"| {m} | " + " | ".join(f"{speed[str(t)][m]['speedup']:.2f}x (tau {speed[str(t)][m]['tau']:.2f})"
@@ -137,10 +148,15 @@ def temperature(args) -> None:
                 same = f" ({100 * r['same_as_vanilla_same_seed']:.0f}%)" if "same_as_vanilla_same_seed" in r else ""
                 cells.append(f"{r['p_min_bonf']:.3g}{same}")
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    (out / "table.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(json.dumps({"speedup": {t: {m: round(v["speedup"], 3) for m, v in s.items()} for t, s in speed.items()},
-                      "dist_p": {t: {m: r["p_min_bonf"] for m, r in d.items()} for t, d in dist.items()}}))
+    return lines
+
+
+def _write(out: Path, temps, methods, speed, dist, args) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "temperature.json").write_text(json.dumps({"speed": speed, "distribution": dist,
+                                                      "dist_prompt": args.dist_prompt,
+                                                      "dist_samples": args.dist_samples}, indent=1))
+    (out / "table.md").write_text("\n".join(_table(temps, methods, speed, dist)) + "\n")
 
 
 def add_args(t: argparse.ArgumentParser) -> None:

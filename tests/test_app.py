@@ -119,3 +119,18 @@ def test_api_probe_lab_scores_and_rejects_bad_files(server, tmp_path):
                       (str(tmp_path / "missing.safetensors"), "does not exist")]:
         with pytest.raises(Exception, match=msg):
             c.predict(path, "", None, "some text", False, api_name="/probe_lab")
+
+
+def test_live_plot_html_carries_escaped_figure_json():
+    import json
+    import re
+
+    import plotly.graph_objects as go
+
+    from app.plots import live_html
+    fig = go.Figure(go.Scatter(x=[1, 2], y=[3, 4], name='"><script>alert(1)</script>'))
+    out = live_html({"plot-accept": fig})
+    assert "<script>" not in out and out.count('class="ssd-fig"') == 1
+    m = re.fullmatch(r'<div class="ssd-fig" data-target="plot-accept" data-fig="([^"]*)"></div>', out)
+    back = json.loads(html.unescape(m[1]))
+    assert back["data"][0]["name"] == '"><script>alert(1)</script>' and back["data"][0]["y"] == [3, 4]

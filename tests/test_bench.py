@@ -71,3 +71,9 @@ def test_method_variants_parse():
         "switchsd", {"chain": False, "tree_topk": 2, "tree_depth": 3, "tree_tokens": 6, "kappa": 3, "tau": 0.4})
     with pytest.raises(SystemExit, match="bad method variant"):
         parse_method("switchsd@chain")
+
+
+def test_tau_variant_is_refused_where_no_probe_reads_it():
+    from switchsd.cli_common import build_engine
+    with pytest.raises(SystemExit, match="only applies to switchsd"):
+        build_engine("copyspec@chain1+t0.3", lm=None, cfg=None, copy=None)

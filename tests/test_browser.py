@@ -22,7 +22,11 @@ pytestmark = [pytest.mark.real, pytest.mark.browser,
 def page():
     from playwright.sync_api import sync_playwright
     from app_server import AppServer
-    server = AppServer()
+    os.environ["SWITCHSD_PLOT_REFRESH_S"] = "0.3"    # live plot refreshes even in a short run (server env)
+    try:
+        server = AppServer()
+    finally:
+        del os.environ["SWITCHSD_PLOT_REFRESH_S"]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
         pg = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -45,8 +49,11 @@ def test_generate_copy_heavy_preset(page):
     page.locator("#run").click()
     page.wait_for_selector('#tokens .tok[data-path="copy"]', timeout=120_000)
     page.wait_for_function("document.querySelector('#status').innerText.includes('tok/s')", timeout=120_000)
-    for pid in ("plot-accept", "plot-copy-rate", "plot-toks"):
-        page.wait_for_selector(f"#{pid} .js-plotly-plot", timeout=60_000)
+    for pid in ("plot-accept", "plot-copy-rate", "plot-toks"):     # the final figures, with this run's points
+        page.wait_for_function(f"(() => {{ const g = document.querySelector('#{pid} .js-plotly-plot');"
+                               "return !!g && g.data.some(t => (t.x || []).length > 0); })()", timeout=60_000)
+    assert page.evaluate("window.__ssdLiveFrames || 0") > 0, "no live plot refresh while streaming"
+    assert page.locator("#live-plots .ssd-fig").count() == 0, "live figures are cleared when the run ends"
     spans = page.locator("#tokens .tok")
     assert spans.count() > 10
     first = spans.first
