@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import os
 import time
+from contextlib import closing
 from typing import Iterator
 
 import gradio as gr
@@ -66,10 +67,8 @@ def engine_tau(engine) -> float:
 
 
 def _events(engine, ids: list[int]) -> Iterator[StepEvent]:
-    try:
+    with closing(engine):
         yield from engine.generate(ids, torch.Generator().manual_seed(0))
-    finally:
-        engine.close()
 
 
 def generate(res: Resources, prompt: str, method: str, temperature: float, max_new: int, chat: bool,
@@ -162,10 +161,8 @@ def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bo
 
 
 def _run_and_close(engine, ids):
-    try:
+    with closing(engine):
         return engine.run(ids, torch.Generator().manual_seed(0))
-    finally:
-        engine.close()
 
 
 def _race_frame(lm, runs, cut, with_vanilla, status, ref):

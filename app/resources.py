@@ -65,7 +65,7 @@ class Resources:
         if self._neural is None:
             opts = dict(eagle=self.eagle, draft=self.draft, neural="eagle3", chain=False, gamma=5, tree_topk=4,
                         tree_depth=5, tree_tokens=24, probe=self.probe, tau=None, bandit_c=1.0)
-            self._neural = self.worker.call(Neural, SimpleNamespace(**opts), lm)
+            self._neural = Neural(SimpleNamespace(**opts), lm)     # weights load lazily, in build_engine
         return self._neural.with_overrides({k: v for k, v in overrides.items() if v is not None})
 
     def engine(self, method: str, max_new_tokens: int, temperature: float = 0.0, tau: float | None = None,

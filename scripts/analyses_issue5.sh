@@ -12,7 +12,7 @@ case "${1:-all}" in
   temperature|all)
     $PY -m switchsd.analysis temperature --dataset mtbench --limit 4 --max-new-tokens 96 --dtype bfloat16 \
         --methods vanilla,copyspec@chain1,eagle3@chain1,switchsd@chain1+k2+t0.3 --dist-samples 60 \
-        --out "$OUT/temperature" | tail -30 ;;&
+        --out "$OUT/temperature" ;;&
   regime|all)
     $PY -m switchsd.calibrate --dtype float32 | tail -1
     $PY -m switchsd.analysis regime --dataset humaneval --limit 10 --max-new-tokens 256 --chain --gamma 1 \
