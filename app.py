@@ -6,6 +6,7 @@ import argparse
 from starlette.middleware import Middleware
 
 from app.early_js import EarlyScript
+from app.live import LiveRoute
 from app.render import CSS, HEAD_JS
 from app.resources import Resources
 from app.studio import build_demo, quiet_queue
@@ -27,7 +28,8 @@ def main(argv=None) -> None:
                                 draft=args.draft, probe=args.probe))
     demo = quiet_queue(demo.queue(default_concurrency_limit=1))
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, head=HEAD_JS, css=CSS,
-                app_kwargs={"middleware": [Middleware(EarlyScript)]})   # app/early_js.py: why
+                app_kwargs={"middleware": [Middleware(EarlyScript), Middleware(LiveRoute)]})  # app/early_js.py,
+    # app/live.py: why
 
 
 if __name__ == "__main__":

@@ -14,17 +14,20 @@ import torch
 from switchsd.events import StepEvent, summarize
 
 from . import plots
-from .render import tokens_html
+from .live import BOARD
+from .render import token_spans, tokens_html
 from .resources import Resources, UserError
 
 MAX_PROMPT_CHARS = 20000
 MAX_NEW_TOKENS = 1024
-# Every frame costs CPU twice: here (HTML, figures, serialisation) and in the browser (DOM, Plotly), and on a
-# small machine the browser shares the cores with the model. Measured with scripts/app_overhead.py on 2 cores
-# (docs/results.md), the live plots are the expensive part even when redrawn in place by the page script
-# (plots.live_html): on a 128-token story, plots every 0.75 s cost generation ~15%, every 2 s ~0-2%.
-REFRESH_S = float(os.environ.get("SWITCHSD_REFRESH_S", 0.75))       # the token view, not per token
-PLOT_REFRESH_S = float(os.environ.get("SWITCHSD_PLOT_REFRESH_S", 2.0))   # the four live plots
+# Every frame costs CPU twice: here (HTML, figure dicts, serialisation) and in the browser (DOM, drawing), and on
+# a small machine the browser shares the cores with the model. So figures are plain dicts (plots.py: building
+# go.Figures took 40-80 ms per refresh) and live plots are drawn by the page script (render.HEAD_JS: a canvas
+# on small machines, since a Plotly redraw costs ~10 ms of browser CPU per plot). Measured with
+# scripts/app_overhead.py (docs/results.md).
+REFRESH_S = float(os.environ.get("SWITCHSD_REFRESH_S", 0.5))        # the token view, not per token
+PLOT_REFRESH_S = float(os.environ.get("SWITCHSD_PLOT_REFRESH_S", 0.5))   # the four live plots
+FULL_REFRESH_S = float(os.environ.get("SWITCHSD_FULL_REFRESH_S", 3.0))   # whole view through Gradio (API)
 PLOT_IDS = ("plot-accept", "plot-probe", "plot-copy-rate", "plot-toks")    # elem ids, in output order
 UI_SHARE = 0.05            # ...and both less often when drawing would take more than this share of the time
 
@@ -54,12 +57,13 @@ def check_max_new(n) -> int:
     return n
 
 
-def status_line(s: dict, done: bool = False) -> str:
-    """HTML (cheaper for the browser than Markdown on every frame)."""
+def status_line(s: dict, done: bool | None = False) -> str:
+    """HTML (cheaper for the browser than Markdown on every frame); done None = stopped by the user."""
     paths = ", ".join(f"{html.escape(k)} {v['pct']:.0f}% of steps (MAL {v['mal']:.2f})" for k, v in s["paths"].items())
-    return (("<b>Done</b> · " if done else "Generating… · ") +
+    head = {True: "<b>Done</b> · ", False: "Generating… · ", None: "<b>Stopped</b> · "}[done]
+    return (f'<span class="ssd-status">{head}'
             f"<b>{s['new_tokens']} tokens</b> · {s['steps']} target forwards · tau {s['tau']:.2f} tokens/forward · "
-            f"<b>{s['tok_s']:.1f} tok/s</b> · {paths}")
+            f"<b>{s['tok_s']:.1f} tok/s</b> · {paths}</span>")
 
 
 def engine_tau(engine) -> float:
@@ -74,8 +78,10 @@ def _events(engine, ids: list[int]) -> Iterator[StepEvent]:
 def generate(res: Resources, prompt: str, method: str, temperature: float, max_new: int, chat: bool,
              tau: float | None, kappa: int, width: int, depth: int, gamma: int,
              session: str | None = None) -> Iterator[tuple]:
-    """Streams (tokens html, status, accept fig, probe fig, copy-rate fig, tok/s fig, events, live plots html).
-    While streaming, the figures travel as live-plot HTML (plots.live_html); the final ones go to the gr.Plots."""
+    """Streams (tokens html, status, accept fig, probe fig, copy-rate fig, tok/s fig, events, live html).
+    Gradio carries the first frame (whose live html names the run on the live board), a full refresh every
+    FULL_REFRESH_S for API clients, and the final frame with the figures; in between the page script polls the
+    board (app/live.py) for new token spans, live figures and the status line."""
     try:
         first = "Loading the model (first run only)…" if not res.loaded else "Starting…"
         yield gr.skip(), first, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
@@ -89,42 +95,56 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
     lm = res.lm()
     t_tau = engine_tau(engine)
     events: list[StepEvent] = []
+    token = BOARD.open()            # the page script polls this run's live frames (app/live.py)
     # The engine runs on the torch thread and never waits for a frame; drawing (here) and the browser still
     # share the CPU with it, so drawing is timed and the refresh interval grows when it would cost more than
     # UI_SHARE of the wall time. Tok/s shown = tokens / wall time from the click, drawing included.
     t0 = time.perf_counter()
-    last, last_plot, ui_cost, ui_total = 0.0, t0, 0.0, 0.0      # first plots after PLOT_REFRESH_S
+    last, last_plot, last_full, ui_cost, ui_total = 0.0, t0, t0, 0.0, 0.0
+    posted = 0                                                   # events whose spans are on the board
     stream = res.worker.stream(lambda: _events(engine, ids), key=session)
     try:
         for e in stream:
             events.append(e)
             now = time.perf_counter()
             done = e.finished is not None
-            if now - last >= max(REFRESH_S, ui_cost / UI_SHARE) or done:
-                s = summarize(events, now - t0)
-                with_plots = done or now - last_plot >= max(PLOT_REFRESH_S, ui_cost / UI_SHARE)
-                figs = (plots.accept_plot(events), plots.probe_plot(events, t_tau), plots.copy_rate_plot(events),
-                        plots.toks_plot({method: plots.timeline(events)})) if with_plots else (gr.skip(),) * 4
-                live = gr.skip()
-                if with_plots and not done:
-                    live = plots.live_html(dict(zip(PLOT_IDS, figs)))
-                    figs = (gr.skip(),) * 4
-                elif done:
-                    live = ""
-                state = {"events": events, "prompt": ids, "tau": t_tau, "method": method,
-                         "tokenizer": lm.tokenizer} if done else gr.skip()      # the inspector reads the final run
-                line = status_line(s, done) + (f" · drawing {100 * ui_total / (now - t0):.0f}% of the time"
-                                               if done else "")
-                yield (tokens_html(lm.tokenizer, events, t_tau, ids), line, *figs, state, live)
-                last = time.perf_counter()
-                last_plot = last if with_plots else last_plot
-                ui_cost = last - now
-                ui_total += ui_cost
+            if now - last < max(REFRESH_S, ui_cost / UI_SHARE) and not done:
+                continue
+            s = summarize(events, now - t0)
+            line = status_line(s, done)
+            if done:
+                line = line.replace("</span>", f" · drawing {100 * ui_total / (now - t0):.0f}% of the time</span>")
+            with_plots = done or now - last_plot >= max(PLOT_REFRESH_S, ui_cost / UI_SHARE)
+            figs = (plots.accept_plot(events), plots.probe_plot(events, t_tau), plots.copy_rate_plot(events),
+                    plots.toks_plot({method: plots.timeline(events)})) if with_plots else None
+            if done:                        # the final frame: everything through Gradio, the board closes
+                BOARD.post(token, done=True)
+                state = {"events": events, "prompt": ids, "tau": t_tau, "method": method, "tokenizer": lm.tokenizer}
+                yield (tokens_html(lm.tokenizer, events, t_tau, ids), line, *map(plots.plot_value, figs), state, "")
+                return
+            BOARD.post(token, [token_spans(lm.tokenizer, [x], t_tau) for x in events[posted:]],
+                       dict(zip(PLOT_IDS, figs)) if figs else None, line)
+            posted = len(events)
+            if last == 0.0 or now - last_full >= FULL_REFRESH_S:
+                # the first frame names the run for the page script; later ones serve API clients (gradio_client)
+                live = (f'<div class="ssd-run" data-run="{token}" data-every="{int(1000 * REFRESH_S)}"></div>'
+                        if last == 0.0 else gr.skip())
+                yield (tokens_html(lm.tokenizer, events, t_tau, ids), line, *(gr.skip(),) * 5, live)
+                last_full = now
+            last = time.perf_counter()
+            last_plot = last if with_plots else last_plot
+            ui_cost = last - now
+            ui_total += ui_cost
+        if events:                          # stopped before the end: show what was written
+            s = summarize(events, time.perf_counter() - t0)
+            yield (tokens_html(lm.tokenizer, events, t_tau, ids), status_line(s, None), *(gr.skip(),) * 4,
+                   {"events": events, "prompt": ids, "tau": t_tau, "method": method, "tokenizer": lm.tokenizer}, "")
     except gr.Error:
         raise
     except Exception as e:  # a failure inside the engine: shown in the UI, never a traceback
         raise gr.Error(f"generation failed: {e.__class__.__name__}: {e}")
     finally:
+        BOARD.post(token, done=True)
         stream.close()
 
 
@@ -179,7 +199,8 @@ def _race_frame(lm, runs, cut, with_vanilla, status, ref):
     series = {m: plots.timeline(g.events) for m, g in shown.items()}
     lanes_ev = {m: g.events[:cut.get(m, len(g.events))] for m, g in shown.items()}
     rates = {m: (series[m][0], series[m][1]) for m in shown}
-    return ("".join(lanes) or "<i>no lanes yet</i>", status, plots.toks_plot(rates), plots.tau_plot(lanes_ev))
+    return ("".join(lanes) or "<i>no lanes yet</i>", status, plots.plot_value(plots.toks_plot(rates)),
+            plots.plot_value(plots.tau_plot(lanes_ev)))
 
 
 def explain_step(state: dict | None, step: int) -> str:

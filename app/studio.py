@@ -81,7 +81,7 @@ def build_demo(res: Resources) -> gr.Blocks:
             with gr.Row():
                 p_rate = gr.Plot(elem_id="plot-copy-rate", show_label=False)
                 p_toks = gr.Plot(elem_id="plot-toks", show_label=False)
-            live = gr.HTML(elem_id="live-plots")       # hidden: figure JSON for the page script (plots.live_html)
+            live = gr.HTML(elem_id="live-plots")       # hidden: names the streaming run for the page script (app/live.py)
         run_state = gr.State(None)
         with gr.Tab("Race", id="tab-race"):
             gr.Markdown("SwitchSD vs EAGLE3 vs CopySpec on one prompt. The methods run **one at a time** and are "
@@ -129,8 +129,8 @@ def build_demo(res: Resources) -> gr.Blocks:
 
         # -- wiring ---------------------------------------------------------------------------------------
         # empty axes from the start (and Plotly.js loaded before the first run, for the live refreshes)
-        demo.load(lambda: (plots.accept_plot([]), plots.probe_plot([], 0.5), plots.copy_rate_plot([]),
-                           plots.toks_plot({})), None, [p_accept, p_probe, p_rate, p_toks], queue=False)
+        demo.load(lambda: tuple(map(plots.plot_value, (plots.accept_plot([]), plots.probe_plot([], 0.5),
+                                                       plots.copy_rate_plot([]), plots.toks_plot({})))), None, [p_accept, p_probe, p_rate, p_toks], queue=False)
         preset.change(lambda p: PRESETS.get(p, gr.skip()), preset, prompt, queue=False)
         def gen(p, m, t, n, c, on, tau_, k, w, d, g, request: gr.Request):
             yield from handlers.generate(res, p, m, t, n, c, tau_ if on else None, k, w, d, g,
@@ -155,8 +155,8 @@ def build_demo(res: Resources) -> gr.Blocks:
             paths = [up if up else a] + ([b] if b else [])
             st = res.worker.call(probelab.score_text, res, paths, text, gen)
             meta = st["meta"][0]
-            return st, probelab.render(res, st, st["taus"][0]), plots.layer_plot(meta.get("per_layer", [])), \
-                st["taus"][0]
+            layers = plots.plot_value(plots.layer_plot(meta.get("per_layer", [])))
+            return st, probelab.render(res, st, st["taus"][0]), layers, st["taus"][0]
 
         lab_run.click(_ui_error(lab), [probe_a, probe_b, upload, lab_text, lab_gen],
                       [lab_state, lab_view, lab_layers, lab_tau], concurrency_limit=1, concurrency_id="device",

@@ -2,6 +2,7 @@
 real server, offline model) against the CLI engine on the same prompt and method.
 
     python scripts/app_overhead.py [--method switchsd] [--prompt TEXT] [--max-new-tokens 128] [--runs 5]
+        [--variant NAME:ENV=VALUE,...]
 
 The runs are interleaved (CLI, app, CLI, app, ...) so that a drift in the machine's speed hits both alike.
 CLI: `python -m switchsd.generate --json` (fresh process per run, model load not counted), with the browser on
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -109,31 +111,53 @@ def main() -> None:
     ap.add_argument("--prompt", default=PRESETS["Code rewrite (copy-heavy)"])
     ap.add_argument("--max-new-tokens", type=int, default=128, help="the app's default")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:K=V[,K=V]",
+                    help="also time a server started with these environment variables (e.g. "
+                    "'noframes:SWITCHSD_REFRESH_S=1000,SWITCHSD_PLOT_REFRESH_S=1000'), in the same rounds")
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
-    cli, app = [], []
+    variants = {"app": {}}
+    for v in args.variant:
+        name, _, kv = v.partition(":")
+        variants[name] = dict(x.split("=", 1) for x in kv.split(",") if x)
+    cli, app = [], {name: [] for name in variants}
     with sync_playwright() as pw:
-        studio = AppPage(pw, args.method, args.prompt)
+        pages = {}
         try:
+            for name, env in variants.items():
+                old = {k: os.environ.get(k) for k in env}
+                os.environ.update(env)
+                try:
+                    pages[name] = AppPage(pw, args.method, args.prompt)
+                finally:
+                    for k, v in old.items():
+                        os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
             for i in range(args.runs):
                 cli.append(cli_run(args.method, args.prompt, args.max_new_tokens))
-                app.append(studio.run())
-                print(f"run {i + 1}: CLI {cli[-1]['tok_s']:.2f} tok/s, app {app[-1]['tok_s']:.2f} tok/s", flush=True)
+                for name, page in pages.items():
+                    app[name].append(page.run())
+                print(f"run {i + 1}: CLI {cli[-1]['tok_s']:.2f} tok/s, " +
+                      ", ".join(f"{n} {app[n][-1]['tok_s']:.2f} tok/s" for n in pages), flush=True)
         finally:
-            studio.close()
+            for page in pages.values():
+                page.close()
     med = lambda rs, k: statistics.median(r[k] for r in rs)
     res = {"method": args.method, "max_new_tokens": args.max_new_tokens, "runs": args.runs,
-           "cli_tok_s": med(cli, "tok_s"), "app_tok_s": med(app, "tok_s"),
-           "cli_first_token_s": med(cli, "first_token_s"), "app_click_to_first_token_s": med(app, "first_token_s"),
-           "cli_tokens": [r["tokens"] for r in cli], "app_tokens": [r["tokens"] for r in app]}
-    # paired: each app run against the CLI run just before it (robust to the machine's speed drifting)
-    res["paired_ratios"] = [round(a["tok_s"] / c["tok_s"], 4) for a, c in zip(app, cli)]
-    res["app_cost_pct"] = 100.0 * (1 - statistics.median(res["paired_ratios"]))
-    res["app_cost_pct_of_medians"] = 100.0 * (1 - res["app_tok_s"] / res["cli_tok_s"])
+           "cli_tok_s": med(cli, "tok_s"), "cli_first_token_s": med(cli, "first_token_s"),
+           "cli_tokens": [r["tokens"] for r in cli], "variants": {n: e for n, e in variants.items() if e}}
     print(f"CLI: {res['cli_tok_s']:.2f} tok/s, first token {1000 * res['cli_first_token_s']:.0f} ms")
-    print(f"app: {res['app_tok_s']:.2f} tok/s, click to first token {1000 * res['app_click_to_first_token_s']:.0f} ms")
-    print(f"the app costs generation {res['app_cost_pct']:.1f}% of the CLI's Tok/s (median of {args.runs} paired "
-          f"runs; ratio of the medians: {res['app_cost_pct_of_medians']:.1f}%)")
+    for n, runs in app.items():
+        pre = "" if n == "app" else f"{n}_"
+        res[f"{pre}app_tok_s"] = med(runs, "tok_s")
+        res[f"{pre}app_click_to_first_token_s"] = med(runs, "first_token_s")
+        res[f"{pre}app_tokens"] = [r["tokens"] for r in runs]
+        # paired: each app run against the CLI run of its round (robust to the machine's speed drifting)
+        res[f"{pre}paired_ratios"] = ratios = [round(a["tok_s"] / c["tok_s"], 4) for a, c in zip(runs, cli)]
+        res[f"{pre}app_cost_pct"] = cost = 100.0 * (1 - statistics.median(ratios))
+        res[f"{pre}app_cost_pct_of_medians"] = cm = 100.0 * (1 - res[f"{pre}app_tok_s"] / res["cli_tok_s"])
+        print(f"{n}: {res[f'{pre}app_tok_s']:.2f} tok/s, click to first token "
+              f"{1000 * res[f'{pre}app_click_to_first_token_s']:.0f} ms; costs generation {cost:.1f}% of the CLI's "
+              f"Tok/s (median of {args.runs} paired runs; ratio of the medians: {cm:.1f}%)")
     print(json.dumps(res))
 
 

@@ -56,8 +56,11 @@ def generate_shard(lm: LoadedModel, prompts: list[str], layers: tuple[int, int, 
 def build(lm: LoadedModel, prompts: list[str], out: Path, layers: tuple[int, int, int], max_new_tokens: int = 256,
           batch: int = 32) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    # sort by prompt length so padding stays small; shard order is deterministic
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    # sort by prompt length within blocks of 8 shards, so padding stays small and a run stopped early still
+    # covers the whole prompt mix; shard order is deterministic
+    block = 8 * batch
+    order = [i for s in range(0, len(prompts), block)
+             for i in sorted(range(s, min(s + block, len(prompts))), key=lambda i: len(prompts[i]))]
     chunks = [order[i:i + batch] for i in range(0, len(order), batch)]
     for si, chunk in enumerate(tqdm(chunks, desc="target answers + features", unit="shard")):
         path = out / f"feat_{si:05d}.safetensors"

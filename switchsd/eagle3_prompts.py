@@ -84,6 +84,51 @@ TEMPLATES = [
     "Tell me a joke about {topic}, then explain why it is funny.",
 ]
 
+TOPICS_V2 = ["artificial intelligence ethics", "the stock market", "nuclear power", "the Great Wall of China",
+             "video games", "fast fashion", "space tourism", "antibiotics", "democracy", "the Amazon river",
+             "cryptocurrency", "volunteering", "learning a second language", "self-driving cars", "friendship",
+             "the Industrial Revolution", "plastic pollution", "yoga", "the Mona Lisa", "inflation",
+             "homeschooling", "electric guitars", "wildfires", "the Cold War", "gene editing", "podcasts",
+             "tiny houses", "the metric system", "penguins", "superstitions", "street food", "3D printing",
+             "the placebo effect", "hiking", "wind turbines", "the periodic table", "online privacy",
+             "classical music", "procrastination", "the Titanic", "desert ecosystems", "vertical farming"]
+JOBS = ["software engineer", "nurse", "teacher", "farmer", "architect", "data scientist", "barista",
+        "pilot", "lawyer", "marketing manager", "electrician", "journalist"]
+PRODUCTS = ["a smartwatch", "a reusable water bottle", "a language-learning app", "an electric scooter",
+            "a noise-cancelling headphone", "a standing desk", "a board game for families", "a solar charger"]
+TEMPLATES_V2 = [
+    "I am a {job}. How can I use {topic} in my work?",
+    "What skills does a {job} need, and how can someone learn them?",
+    "Write a persuasive advertisement for {product}.",
+    "Write a customer complaint about {product} and a polite reply from the company.",
+    "My friend {name} says {topic} is overrated. How should I respond?",
+    "Give {n} reasons why someone might change their mind about {topic}.",
+    "Explain the history of {topic} as a timeline with key dates.",
+    "Imagine you are a {job} in {place}. Describe a challenging day at work.",
+    "Suggest {n} names for a company that sells {product}, and explain each.",
+    "What are the ethical questions raised by {topic}?",
+    "Write a short speech for a graduation ceremony that mentions {topic}.",
+    "How would you teach {topic} to a class of {audience}s in one hour? Give a lesson plan.",
+    "Can you help me write a cover letter for a {job} position?",
+    "Which is better for a small town, {topic} or {topic2}? Argue both sides and conclude.",
+    "Describe a futuristic city in the year {year} shaped by {topic}.",
+    "Write a letter from {name} to {name2} apologising for missing their birthday.",
+    "Translate the idea of {topic} into a simple analogy a child would understand.",
+    "What would a {job} and {role} disagree about when discussing {topic}?",
+    "Evaluate this argument: '{topic} is the most important invention of all time.' Identify its weaknesses.",
+    "There are {a} students in a class and {b} of them play football. What fraction do not? Explain.",
+    "A shop sells {product} for {a} dollars with a {c}% discount. What is the final price? Show your work.",
+    "Write a {lang} class that represents {product}, with two useful methods.",
+    "What are the main differences between {lang} and {lang2}? When would you choose each?",
+    "Write a short scene where {role} meets {role2} in {place}.",
+    "Rewrite the following in a cheerful tone: 'The meeting about {topic} has been moved to Monday.'",
+    "Summarize the plot of an imaginary movie about {topic} in {n} sentences.",
+]
+CONSTRAINTS = ["Use bullet points.", "Keep it under {n} words.", "Answer in the voice of {role}.",
+               "Include a title.", "End with a question for the reader.", "Use exactly {k} paragraphs.",
+               "Make it humorous.", "Write it for {audience}.", "Be concise.", "Use simple language.",
+               "Give concrete examples.", "Start your answer with a one-sentence summary."]
+
 
 def _fill(tpl: str, rng: random.Random) -> str:
     n1, n2, n3 = rng.sample(NAMES, 3)
@@ -99,12 +144,30 @@ def _fill(tpl: str, rng: random.Random) -> str:
                       b=rng.randint(2, 40), c=rng.randint(1, 30), year=rng.randint(1500, 2030))
 
 
-def build_prompts(n: int, seed: int = 0) -> list[str]:
-    """n distinct prompts, deterministic in `seed`."""
+def _fill_v2(rng: random.Random) -> str:
+    """Prompt set 2: more topics and task kinds, and MT-Bench-like constraints on form, length and voice."""
+    tpl = rng.choice(TEMPLATES + TEMPLATES_V2)
+    n1, n2, n3 = rng.sample(NAMES, 3)
+    (l1, l2), (r1, r2) = rng.sample(LANGS, 2), rng.sample(ROLES, 2)
+    p = tpl.format(topic=rng.choice(TOPICS + TOPICS_V2), topic2=rng.choice(TOPICS + TOPICS_V2),
+                   place=rng.choice(PLACES), role=r1, role2=r2, name=n1, name2=n2, name3=n3,
+                   lang=l1, lang2=l2, func=rng.choice(FUNCS), func2="reverse a string",
+                   audience=rng.choice(AUDIENCES), form=rng.choice(FORMS), a=rng.randint(2, 60),
+                   b=rng.randint(2, 40), c=rng.randint(1, 30), year=rng.randint(1500, 2030),
+                   job=rng.choice(JOBS), product=rng.choice(PRODUCTS), n=rng.randint(3, 8))
+    if rng.random() < 0.45:
+        p += " " + rng.choice(CONSTRAINTS).format(n=rng.choice([50, 80, 100, 150]), k=rng.randint(2, 4), role=rng.choice(ROLES),
+                                                   audience=rng.choice(AUDIENCES))
+    return p
+
+
+def build_prompts(n: int, seed: int = 0, version: int = 1) -> list[str]:
+    """n distinct prompts, deterministic in `seed`; `version` 1 is the set the shipped head was first trained
+    on, 2 adds topics, task kinds and constraints."""
     rng = random.Random(seed)
     out, seen = [], set()
     while len(out) < n:
-        p = _fill(rng.choice(TEMPLATES), rng)
+        p = _fill(rng.choice(TEMPLATES), rng) if version == 1 else _fill_v2(rng)
         if p not in seen:
             seen.add(p)
             out.append(p)

@@ -156,6 +156,8 @@ def main(argv=None) -> None:
     ap.add_argument("--prompts", type=int, default=2000, help="prompts the target answers (0: only reuse the "
                     "shards already cached in WORK/data)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompt-set", type=int, choices=(1, 2), default=2,
+                    help="switchsd.eagle3_prompts version (1: the set the shipped head was first trained on)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--gen-batch", type=int, default=32)
     ap.add_argument("--gen-dtype", default="float32", help="dtype of the target while it writes the data "
@@ -184,7 +186,7 @@ def main(argv=None) -> None:
     layers = (2, L // 2, L - 3)
     if args.stage in ("all", "data"):
         if args.prompts > 0:
-            build(lm, build_prompts(args.prompts, args.seed), work / "data", layers, args.max_new_tokens,
+            build(lm, build_prompts(args.prompts, args.seed, args.prompt_set), work / "data", layers, args.max_new_tokens,
                   args.gen_batch)
         if lm.dtype != torch.float32:
             lm = load_model(args.target, dtype="float32")

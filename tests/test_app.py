@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.render import heat_strip, tokens_html
+from app.render import heat_strip, token_spans, tokens_html
 from switchsd.events import StepEvent
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +40,7 @@ def test_html_builder_escapes_hostile_tokens():
     assert out.count('data-path="copy"') == 3 and out.count('data-path="bonus"') == 3
     assert 'data-probe="0.9000"' in out and 'data-src="2"' in out
     assert out.count('class="card"') == 4 + 3 + 1 and "copied from position 2" in out
+    assert token_spans(FakeTok(), events, 0.5) in out and 'data-n="3"' in out
     strip = heat_strip(FakeTok(), [0, 1, 2], [0.1, 0.6, 0.9], [False, True, True], 0.5)
     assert "<script>alert" not in strip and "&lt;script&gt;" in strip
 
@@ -121,16 +122,78 @@ def test_api_probe_lab_scores_and_rejects_bad_files(server, tmp_path):
             c.predict(path, "", None, "some text", False, api_name="/probe_lab")
 
 
-def test_live_plot_html_carries_escaped_figure_json():
+def test_live_board_frames_and_route():
+    """The live board (app/live.py): a page showing n events gets exactly the spans after them, the figures only
+    when their version changed, and unknown runs are a 404 from the ASGI route."""
+    import asyncio
     import json
-    import re
+
+    from app.live import LiveBoard, LiveRoute
+    from app.plots import toks_plot
+    board = LiveBoard(keep=2)
+    tok = board.open()
+    assert len(tok) >= 20 and board.open() != tok
+    fig = {"plot-toks": toks_plot({'"><script>alert(1)</script>': ([1.0], [2])})}
+    board.post(tok, ["<a>", "<b>"], fig, "s1")
+    f = board.frame(tok, 0, 0)
+    assert f["from"] == 0 and f["n"] == 2 and f["spans"] == "<a><b>" and f["v"] == 1 and f["figs"] == fig
+    board.post(tok, ["<c>"], None, "s2")
+    f = board.frame(tok, 2, 1)
+    assert f["spans"] == "<c>" and f["figs"] is None and f["status"] == "s2" and not f["done"]
+    assert board.frame(tok, 99, 1)["from"] == 3                    # clamped: never a negative slice
+    board.post(tok, done=True)
+    assert board.frame(tok, 3, 1)["done"]
+    board.open()
+    board.open()                                                  # keeps the newest 2 runs
+    assert board.frame(tok, 0, 0) is None
+
+    async def call(path, query=b""):
+        sent = []
+
+        async def send(m):
+            sent.append(m)
+
+        async def passthrough(scope, receive, send):
+            sent.append("passed")
+        await LiveRoute(passthrough, board)({"type": "http", "method": "GET", "path": path, "query_string": query},
+                                            None, send)
+        return sent
+    t2 = board.open()
+    board.post(t2, ["<x>"], fig, "s")
+    out = asyncio.run(call(f"/ssd/live/{t2}", b"n=0&v=0"))
+    assert out[0]["status"] == 200 and json.loads(out[1]["body"])["figs"] == fig
+    assert asyncio.run(call("/ssd/live/nope"))[0]["status"] == 404
+    assert asyncio.run(call("/ssd/live/" + t2, b"n=x"))[0]["status"] == 200      # bad numbers: a full frame
+    assert asyncio.run(call("/")) == ["passed"]
+
+
+def test_plot_dicts_are_valid_plotly_figures():
+    """The figures are plain dicts (cheap to build while streaming); plotly's own validator must accept them."""
+    import json
+    import random
 
     import plotly.graph_objects as go
 
-    from app.plots import live_html
-    fig = go.Figure(go.Scatter(x=[1, 2], y=[3, 4], name='"><script>alert(1)</script>'))
-    out = live_html({"plot-accept": fig})
-    assert "<script>" not in out and out.count('class="ssd-fig"') == 1
-    m = re.fullmatch(r'<div class="ssd-fig" data-target="plot-accept" data-fig="([^"]*)"></div>', out)
-    back = json.loads(html.unescape(m[1]))
-    assert back["data"][0]["name"] == '"><script>alert(1)</script>' and back["data"][0]["y"] == [3, 4]
+    from app import plots
+    from switchsd.events import StepEvent
+    rng = random.Random(0)
+    evs = []
+    for i in range(30):
+        acc = [1] * rng.randint(0, 3)
+        evs.append(StepEvent(step=i, path=rng.choice(["copy", "neural"]), drafter=None, candidates=[], tree_tokens=[],
+                             tree_parents=[], accepted_rows=[], accepted=acc, accepted_candidate=None, bonus=1,
+                             new_tokens=acc + [1], position=i, probe_score=rng.random(), timings={"total": 0.01}))
+    figs = [plots.accept_plot(evs), plots.probe_plot(evs, 0.4), plots.copy_rate_plot(evs),
+            plots.toks_plot({"switchsd": plots.timeline(evs)}), plots.tau_plot({"a": evs, "b": evs[:5]}),
+            plots.layer_plot([{"layer": 1, "sublayer": "attn", "auc": 0.9, "f1": 0.8},
+                              {"layer": 2, "sublayer": "mlp", "auc": 0.95, "f1": 0.85}]),
+            plots.accept_plot([]), plots.probe_plot([], 0.5), plots.copy_rate_plot([]), plots.toks_plot({})]
+    for f in figs:
+        go.Figure(f)                                      # raises on any unknown key or bad value
+        value = plots.plot_value(f)
+        assert value.type == "plotly" and json.loads(value.plot) == f
+    acc = figs[0]
+    assert {t["name"] for t in acc["data"]} == {"copy", "neural"}
+    assert sum(len(t["x"]) for t in acc["data"]) == 30
+    assert figs[1]["layout"]["shapes"][1]["y0"] == 0.4 and len(figs[1]["data"][1]["x"]) == \
+        sum(e.path == "copy" for e in evs)

@@ -22,11 +22,13 @@ pytestmark = [pytest.mark.real, pytest.mark.browser,
 def page():
     from playwright.sync_api import sync_playwright
     from app_server import AppServer
-    os.environ["SWITCHSD_PLOT_REFRESH_S"] = "0.3"    # live plot refreshes even in a short run (server env)
+    live = {"SWITCHSD_PLOT_REFRESH_S": "0.3", "SWITCHSD_REFRESH_S": "0.3"}   # live frames even in a short run
+    os.environ.update(live)                                                   # (server env)
     try:
         server = AppServer()
     finally:
-        del os.environ["SWITCHSD_PLOT_REFRESH_S"]
+        for k in live:
+            del os.environ[k]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
         pg = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -54,6 +56,9 @@ def test_generate_copy_heavy_preset(page):
                                "return !!g && g.data.some(t => (t.x || []).length > 0); })()", timeout=60_000)
     assert page.evaluate("window.__ssdLiveFrames || 0") > 0, "no live plot refresh while streaming"
     assert page.locator("#live-plots .ssd-fig").count() == 0, "live figures are cleared when the run ends"
+    assert page.locator("canvas.ssd-live").count() == 0, "live canvases give way to the final Plotly figures"
+    assert page.evaluate("window.__ssdTokenDeltas || 0") > 0, "no new tokens appended from the live board"
+    assert "Done" in page.locator("#status .ssd-status").inner_text()
     spans = page.locator("#tokens .tok")
     assert spans.count() > 10
     first = spans.first

@@ -51,3 +51,24 @@ def test_length_batches_pack_under_the_token_budget():
     for b in out:
         assert b == sorted(b) and (len(b) == 1 or max(b) * len(b) <= 64)
     assert [90] in out                     # longer than the budget: alone
+
+
+def test_prompt_sets_are_deterministic_distinct_and_not_benchmark_questions():
+    import json
+    from pathlib import Path
+
+    from switchsd.eagle3_prompts import build_prompts
+    for version in (1, 2):
+        a = build_prompts(300, seed=3, version=version)
+        assert a == build_prompts(300, seed=3, version=version) and len(set(a)) == 300
+        assert a != build_prompts(300, seed=4, version=version)
+        assert all("{" not in p.split("JSON")[0] for p in a), "unfilled template slot"
+    v2 = build_prompts(300, seed=3, version=2)
+    assert v2 != build_prompts(300, seed=3, version=1)
+    assert sum(p.endswith((".", "?")) and any(c in p for c in ("Use ", "Keep it", "Be concise", "Include", "Write it"))
+               for p in v2) > 30, "version 2 adds form / length / voice constraints"
+    spec = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench_question.jsonl"
+    if spec.exists():
+        questions = {t.strip() for line in spec.read_text().splitlines() if line.strip()
+                     for t in json.loads(line).get("turns", [])}
+        assert not questions & (set(build_prompts(2000, 0, 1)) | set(build_prompts(2000, 11, 2)))
