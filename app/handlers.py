@@ -22,7 +22,7 @@ MAX_PROMPT_CHARS = 20000
 MAX_NEW_TOKENS = 1024
 # Every frame costs CPU twice: here (HTML, figure dicts, serialisation) and in the browser (DOM, drawing), and on
 # a small machine the browser shares the cores with the model. So figures are plain dicts (plots.py: building
-# go.Figures took 40-80 ms per refresh) and live plots are drawn by the page script (render.HEAD_JS: a canvas
+# go.Figures took 40-80 ms per refresh) and live plots are drawn by the page script (app/page.js: a canvas
 # on small machines, since a Plotly redraw costs ~10 ms of browser CPU per plot). Measured with
 # scripts/app_overhead.py (docs/results.md).
 REFRESH_S = float(os.environ.get("SWITCHSD_REFRESH_S", 0.5))        # the token view, not per token

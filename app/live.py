@@ -3,7 +3,7 @@
 Every Gradio update costs the browser ~10 ms of main-thread work (message handling, Svelte, status trackers)
 before anything is drawn, and on a small machine the browser shares the cores with the model. So while a run
 streams, the handler posts its newest state here (new token spans, figure dicts, status line) and the page
-script (render.HEAD_JS) polls `/ssd/live/<token>?n=<events shown>&v=<figure version>` a few times a second,
+script (app/page.js) polls `/ssd/live/<token>?n=<events shown>&v=<figure version>` a few times a second,
 appending only the new spans and redrawing the plots. Gradio carries the first frame (which names the run's
 token), a slow full refresh for API clients, and the final frame.
 

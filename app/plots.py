@@ -3,7 +3,7 @@
 Figures are plain Plotly JSON dicts ({"data": [...], "layout": {...}}), not `plotly.graph_objects` figures:
 building and validating four `go.Figure`s costs ~40-80 ms of Python per refresh on a small CPU, taken from the
 model while it generates; plain dicts cost < 1 ms. `plot_value` hands a dict to a `gr.Plot`; live refreshes
-travel as the dicts themselves (app/live.py) and are drawn by the page script (render.HEAD_JS).
+travel as the dicts themselves (app/live.py) and are drawn by the page script (app/page.js).
 """
 from __future__ import annotations
 
