@@ -66,6 +66,20 @@ def status_line(s: dict, done: bool | None = False) -> str:
             f"<b>{s['tok_s']:.1f} tok/s</b> · {paths}</span>")
 
 
+_STOPS: dict[str, float] = {}        # browser session -> time of its last Stop click
+
+
+def request_stop(res: Resources, session: str | None) -> None:
+    """The Stop button: this session's engine stops at its next step and the run ends with a "Stopped" frame
+    (a stop that comes before the stream starts is seen by the handler when it does)."""
+    _STOPS[session or ""] = time.monotonic()
+    res.worker.cancel(session or "")
+
+
+def _stopped(session: str | None, since: float) -> bool:
+    return _STOPS.get(session or "", float("-inf")) >= since
+
+
 def engine_tau(engine) -> float:
     return getattr(engine.policy, "tau", None) or (engine.probe.tau if engine.probe is not None else 0.5)
 
@@ -82,6 +96,7 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
     Gradio carries the first frame (whose live html names the run on the live board), a full refresh every
     FULL_REFRESH_S for API clients, and the final frame with the figures; in between the page script polls the
     board (app/live.py) for new token spans, live figures and the status line."""
+    t_click = time.monotonic()
     try:
         first = "Loading the model (first run only)…" if not res.loaded else "Starting…"
         yield gr.skip(), first, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
@@ -92,6 +107,10 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
         raise gr.Error(str(e))
     except Exception as e:  # loading failures: shown in the UI, never a traceback
         raise gr.Error(f"{e.__class__.__name__}: {e}")
+    if _stopped(session, t_click):
+        engine.close()
+        yield (gr.skip(), "<b>Stopped</b> before the first token.", *(gr.skip(),) * 6)
+        return
     lm = res.lm()
     t_tau = engine_tau(engine)
     events: list[StepEvent] = []
@@ -102,26 +121,34 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
     t0 = time.perf_counter()
     last, last_plot, last_full, ui_cost, ui_total = 0.0, t0, t0, 0.0, 0.0
     posted = 0                                                   # events whose spans are on the board
+
+    def figures() -> tuple:
+        return (plots.accept_plot(events), plots.probe_plot(events, t_tau), plots.copy_rate_plot(events),
+                plots.toks_plot({method: plots.timeline(events)}))
+
+    def final(line: str) -> tuple:  # the inspector reads the final run's events
+        BOARD.post(token, done=True)
+        state = {"events": events, "prompt": ids, "tau": t_tau, "method": method, "tokenizer": lm.tokenizer}
+        return (tokens_html(lm.tokenizer, events, t_tau, ids), line, *map(plots.plot_value, figures()), state, "")
+
     stream = res.worker.stream(lambda: _events(engine, ids), key=session)
     try:
         for e in stream:
             events.append(e)
+            if _stopped(session, t_click):
+                break
             now = time.perf_counter()
             done = e.finished is not None
             if now - last < max(REFRESH_S, ui_cost / UI_SHARE) and not done:
                 continue
             s = summarize(events, now - t0)
             line = status_line(s, done)
-            if done:
-                line = line.replace("</span>", f" · drawing {100 * ui_total / (now - t0):.0f}% of the time</span>")
-            with_plots = done or now - last_plot >= max(PLOT_REFRESH_S, ui_cost / UI_SHARE)
-            figs = (plots.accept_plot(events), plots.probe_plot(events, t_tau), plots.copy_rate_plot(events),
-                    plots.toks_plot({method: plots.timeline(events)})) if with_plots else None
             if done:                        # the final frame: everything through Gradio, the board closes
-                BOARD.post(token, done=True)
-                state = {"events": events, "prompt": ids, "tau": t_tau, "method": method, "tokenizer": lm.tokenizer}
-                yield (tokens_html(lm.tokenizer, events, t_tau, ids), line, *map(plots.plot_value, figs), state, "")
+                drawing = f" · drawing {100 * ui_total / (now - t0):.0f}% of the time</span>"
+                yield final(line.replace("</span>", drawing))
                 return
+            with_plots = now - last_plot >= max(PLOT_REFRESH_S, ui_cost / UI_SHARE)
+            figs = figures() if with_plots else None
             BOARD.post(token, [token_spans(lm.tokenizer, [x], t_tau) for x in events[posted:]],
                        dict(zip(PLOT_IDS, figs)) if figs else None, line)
             posted = len(events)
@@ -136,9 +163,7 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
             ui_cost = last - now
             ui_total += ui_cost
         if events:                          # stopped before the end: show what was written
-            s = summarize(events, time.perf_counter() - t0)
-            yield (tokens_html(lm.tokenizer, events, t_tau, ids), status_line(s, None), *(gr.skip(),) * 4,
-                   {"events": events, "prompt": ids, "tau": t_tau, "method": method, "tokenizer": lm.tokenizer}, "")
+            yield final(status_line(summarize(events, time.perf_counter() - t0), None))
     except gr.Error:
         raise
     except Exception as e:  # a failure inside the engine: shown in the UI, never a traceback

@@ -137,16 +137,16 @@ def build_demo(res: Resources) -> gr.Blocks:
                                          session=getattr(request, "session_hash", None))
 
         def stop_fn(request: gr.Request):       # stops this session's engine at its next step
-            res.worker.cancel(getattr(request, "session_hash", None) or "")
+            handlers.request_stop(res, getattr(request, "session_hash", None))
 
         gen_ev = run.click(gen, [prompt, method, temperature, max_new, chat, tau_on, tau, kappa, width, depth, gamma],
                            [tokens, status, p_accept, p_probe, p_rate, p_toks, run_state, live],
                            concurrency_limit=1, concurrency_id="device", api_name="generate",
                            show_progress="hidden")   # our status line says it; Gradio's animated overlay costs CPU
         gen_ev.then(lambda: res.status(), None, model_status, queue=False)
-        gen_ev.then(lambda st: gr.update(maximum=max(0, len(st["events"]) - 1) if st else 0), run_state, insp_step,
+        gen_ev.then(lambda st: gr.update(maximum=max(1, len(st["events"]) - 1) if st else 1), run_state, insp_step,
                     queue=False)
-        stop.click(stop_fn, None, None, cancels=[gen_ev], queue=False)
+        stop.click(stop_fn, None, None, queue=False)     # the run ends with a "Stopped" frame (not a Gradio cancel)
         race_run.click(lambda *a: (yield from handlers.race(res, *a)), [race_prompt, race_max, chat, race_vanilla],
                        [race_lanes, race_status, race_toks, race_tau], concurrency_limit=1,
                        concurrency_id="device", api_name="race")

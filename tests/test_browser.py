@@ -97,3 +97,17 @@ def test_step_inspector(page):
     page.wait_for_selector("#inspect-view .insp", timeout=30_000)
     assert "Step 3" in page.locator("#inspect-view").inner_text()
     shot(page, "step_inspector")
+
+
+def test_stop_ends_the_run_with_what_was_written(page):
+    """Stop mid-run: the engine stops at its next step and the view keeps the tokens written so far."""
+    page.get_by_role("tab", name="Generate").click()
+    page.locator("#prompt textarea").fill("Write a long story about a dragon who learns to bake bread.")
+    page.locator("#run").click()
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Generating')", polling=250,
+                           timeout=120_000)
+    page.locator("#stop").click()
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Stopped')", polling=250,
+                           timeout=60_000)
+    assert page.locator("#tokens .tok").count() > 0
+    assert page.locator("canvas.ssd-live").count() == 0
