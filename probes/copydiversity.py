@@ -124,3 +124,34 @@ def build(n: int = 1000, seed: int = 0, val_fraction: float = 0.2) -> list[dict]
         row["id"] = i
         row["split"] = "val" if i < n_val else "train"
     return rows
+
+
+def held_out(n: int, seed: int, train_n: int = 1000, train_seed: int = 0) -> list[dict]:
+    """n fresh prompts of the same 17 types (another seed), none of which is in the training set build(train_n,
+    train_seed): a held-out set of the probe's own family."""
+    seen = {r["prompt"] for r in build(train_n, train_seed)}
+    rows = [r for r in build(n + 20, seed) if r["prompt"] not in seen][:n]
+    if len(rows) < n:
+        raise RuntimeError(f"only {len(rows)} fresh prompts for seed {seed}")
+    return rows
+
+
+def main(argv=None) -> None:
+    """Write a held-out CopyDiversity set as JSONL rows {"id", "tier", "type", "prompt"} for probes.evaluate."""
+    import argparse
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--n", type=int, default=48)
+    ap.add_argument("--seed", type=int, default=12345)
+    ap.add_argument("--train-n", type=int, default=1000, help="the training set to exclude (probes.collect --n)")
+    ap.add_argument("--train-seed", type=int, default=0, help="its seed (probes.collect --seed)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    rows = held_out(args.n, args.seed, args.train_n, args.train_seed)
+    with open(args.out, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps({k: r[k] for k in ("id", "tier", "type", "prompt")}) + "\n")
+    print(f"{len(rows)} prompts -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -175,3 +175,15 @@ def test_shipped_probe_on_held_out_prompts(real_lm, tmp_path):
                                             for r in recs], int(probe.meta["n_train"]))
     assert 0.05 < float(y.float().mean()) < 0.95, "the held-out set must contain copy and non-copy positions"
     assert roc_auc(s, y) >= 0.90
+
+
+def test_held_out_copydiversity_prompts_are_fresh(tmp_path):
+    from probes import copydiversity
+    rows = copydiversity.held_out(48, seed=12345)
+    train = {r["prompt"] for r in copydiversity.build(1000, 0)}
+    assert len(rows) == 48 and not {r["prompt"] for r in rows} & train
+    assert rows == copydiversity.held_out(48, seed=12345)
+    assert {r["tier"] for r in rows} >= {"heavy", "light"}
+    out = tmp_path / "h.jsonl"
+    copydiversity.main(["--n", "10", "--seed", "7", "--out", str(out)])
+    assert len(out.read_text().splitlines()) == 10
