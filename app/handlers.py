@@ -57,27 +57,13 @@ def check_max_new(n) -> int:
     return n
 
 
-def status_line(s: dict, done: bool | None = False) -> str:
+def status_line(s: dict, done: bool | None = False, note: str = "") -> str:
     """HTML (cheaper for the browser than Markdown on every frame); done None = stopped by the user."""
     paths = ", ".join(f"{html.escape(k)} {v['pct']:.0f}% of steps (MAL {v['mal']:.2f})" for k, v in s["paths"].items())
     head = {True: "<b>Done</b> · ", False: "Generating… · ", None: "<b>Stopped</b> · "}[done]
     return (f'<span class="ssd-status">{head}'
             f"<b>{s['new_tokens']} tokens</b> · {s['steps']} target forwards · tau {s['tau']:.2f} tokens/forward · "
-            f"<b>{s['tok_s']:.1f} tok/s</b> · {paths}</span>")
-
-
-_STOPS: dict[str, float] = {}        # browser session -> time of its last Stop click
-
-
-def request_stop(res: Resources, session: str | None) -> None:
-    """The Stop button: this session's engine stops at its next step and the run ends with a "Stopped" frame
-    (a stop that comes before the stream starts is seen by the handler when it does)."""
-    _STOPS[session or ""] = time.monotonic()
-    res.worker.cancel(session or "")
-
-
-def _stopped(session: str | None, since: float) -> bool:
-    return _STOPS.get(session or "", float("-inf")) >= since
+            f"<b>{s['tok_s']:.1f} tok/s</b> · {paths}{note}</span>")
 
 
 def engine_tau(engine) -> float:
@@ -107,7 +93,7 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
         raise gr.Error(str(e))
     except Exception as e:  # loading failures: shown in the UI, never a traceback
         raise gr.Error(f"{e.__class__.__name__}: {e}")
-    if _stopped(session, t_click):
+    if res.worker.cancelled_since(session or "", t_click):      # Stop came while the engine was being built
         engine.close()
         yield (gr.skip(), "<b>Stopped</b> before the first token.", *(gr.skip(),) * 6)
         return
@@ -131,31 +117,31 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
         state = {"events": events, "prompt": ids, "tau": t_tau, "method": method, "tokenizer": lm.tokenizer}
         return (tokens_html(lm.tokenizer, events, t_tau, ids), line, *map(plots.plot_value, figures()), state, "")
 
-    stream = res.worker.stream(lambda: _events(engine, ids), key=session)
+    # Stop (studio.stop_fn -> worker.cancel) ends this stream at the engine's next step; the run then ends with
+    # a "Stopped" frame below
+    stream = res.worker.stream(lambda: _events(engine, ids), key=session or "", since=t_click)
     try:
         for e in stream:
             events.append(e)
-            if _stopped(session, t_click):
-                break
             now = time.perf_counter()
             done = e.finished is not None
             if now - last < max(REFRESH_S, ui_cost / UI_SHARE) and not done:
                 continue
             s = summarize(events, now - t0)
-            line = status_line(s, done)
             if done:                        # the final frame: everything through Gradio, the board closes
-                drawing = f" · drawing {100 * ui_total / (now - t0):.0f}% of the time</span>"
-                yield final(line.replace("</span>", drawing))
+                yield final(status_line(s, True, f" · drawing {100 * ui_total / (now - t0):.0f}% of the time"))
                 return
+            line = status_line(s)
             with_plots = now - last_plot >= max(PLOT_REFRESH_S, ui_cost / UI_SHARE)
             figs = figures() if with_plots else None
+            first = posted == 0
             BOARD.post(token, [token_spans(lm.tokenizer, [x], t_tau) for x in events[posted:]],
                        dict(zip(PLOT_IDS, figs)) if figs else None, line)
             posted = len(events)
-            if last == 0.0 or now - last_full >= FULL_REFRESH_S:
+            if first or now - last_full >= FULL_REFRESH_S:
                 # the first frame names the run for the page script; later ones serve API clients (gradio_client)
                 live = (f'<div class="ssd-run" data-run="{token}" data-every="{int(1000 * REFRESH_S)}"></div>'
-                        if last == 0.0 else gr.skip())
+                        if first else gr.skip())
                 yield (tokens_html(lm.tokenizer, events, t_tau, ids), line, *(gr.skip(),) * 5, live)
                 last_full = now
             last = time.perf_counter()

@@ -39,7 +39,6 @@ CSS = """
 HEAD_JS = "<script>\n" + Path(__file__).with_name("page.js").read_text(encoding="utf-8") + "</script>"
 
 
-
 _TEXTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # tokenizer -> {id: text}
 
 

@@ -76,12 +76,12 @@ def build_demo(res: Resources) -> gr.Blocks:
             status = gr.HTML(elem_id="status")
             tokens = gr.HTML(elem_id="tokens-view")
             with gr.Row():
-                p_accept = gr.Plot(elem_id="plot-accept", show_label=False)
-                p_probe = gr.Plot(elem_id="plot-probe", show_label=False)
+                p_accept = gr.Plot(elem_id=handlers.PLOT_IDS[0], show_label=False)
+                p_probe = gr.Plot(elem_id=handlers.PLOT_IDS[1], show_label=False)
             with gr.Row():
-                p_rate = gr.Plot(elem_id="plot-copy-rate", show_label=False)
-                p_toks = gr.Plot(elem_id="plot-toks", show_label=False)
-            live = gr.HTML(elem_id="live-plots")       # hidden: names the streaming run for the page script (app/live.py)
+                p_rate = gr.Plot(elem_id=handlers.PLOT_IDS[2], show_label=False)
+                p_toks = gr.Plot(elem_id=handlers.PLOT_IDS[3], show_label=False)
+            live = gr.HTML(elem_id="live-plots")     # hidden: names the streaming run for the page script (app/live.py)
         run_state = gr.State(None)
         with gr.Tab("Race", id="tab-race"):
             gr.Markdown("SwitchSD vs EAGLE3 vs CopySpec on one prompt. The methods run **one at a time** and are "
@@ -128,16 +128,16 @@ def build_demo(res: Resources) -> gr.Blocks:
                     gr.Markdown(handlers.EXPLANATION)
 
         # -- wiring ---------------------------------------------------------------------------------------
-        # empty axes from the start (and Plotly.js loaded before the first run, for the live refreshes)
-        demo.load(lambda: tuple(map(plots.plot_value, (plots.accept_plot([]), plots.probe_plot([], 0.5),
-                                                       plots.copy_rate_plot([]), plots.toks_plot({})))), None, [p_accept, p_probe, p_rate, p_toks], queue=False)
+        # empty axes from the start (live frames draw over them; Plotly.js is loaded for ?live=plotly)
+        empty = (plots.accept_plot([]), plots.probe_plot([], 0.5), plots.copy_rate_plot([]), plots.toks_plot({}))
+        demo.load(lambda: tuple(map(plots.plot_value, empty)), None, [p_accept, p_probe, p_rate, p_toks], queue=False)
         preset.change(lambda p: PRESETS.get(p, gr.skip()), preset, prompt, queue=False)
         def gen(p, m, t, n, c, on, tau_, k, w, d, g, request: gr.Request):
             yield from handlers.generate(res, p, m, t, n, c, tau_ if on else None, k, w, d, g,
                                          session=getattr(request, "session_hash", None))
 
         def stop_fn(request: gr.Request):       # stops this session's engine at its next step
-            handlers.request_stop(res, getattr(request, "session_hash", None))
+            res.worker.cancel(getattr(request, "session_hash", None) or "")
 
         gen_ev = run.click(gen, [prompt, method, temperature, max_new, chat, tau_on, tau, kappa, width, depth, gamma],
                            [tokens, status, p_accept, p_probe, p_rate, p_toks, run_state, live],

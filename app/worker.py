@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Callable, Iterator, TypeVar
 
 T = TypeVar("T")
@@ -32,6 +33,7 @@ class TorchThread:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._cancels: dict[str, threading.Event] = {}
+        self._cancelled_at: dict[str, float] = {}       # key -> time.monotonic() of its last cancel
 
     def _ensure(self) -> None:
         with self._start_lock:
@@ -66,18 +68,26 @@ class TorchThread:
             raise val
         return val
 
-    def stream(self, make_iter: Callable[[], Iterator[T]], key: str | None = None) -> Iterator[T]:
+    def stream(self, make_iter: Callable[[], Iterator[T]], key: str | None = None,
+               since: float | None = None) -> Iterator[T]:
         """Items of make_iter(), produced on the torch thread as fast as it can and handed over through a queue.
-        The producer stops at the next item once the consumer is closed or `cancel(key)` is called."""
+        Once the consumer is closed or `cancel(key)` is called, the producer stops at its next item and the
+        consumer gets no more items (the iteration just ends). A cancel of `key` at or after `since`
+        (time.monotonic()), even one that came before this stream started, counts too."""
         self._ensure()
         out: queue.Queue = queue.Queue()
         stop = threading.Event()
         if key is not None:
             self._cancels[key] = stop
+            if since is not None and self.cancelled_since(key, since):
+                stop.set()
 
         def job():
             it = None
             try:
+                if stop.is_set():
+                    out.put((True, _END))
+                    return
                 it = make_iter()
                 for x in it:
                     if stop.is_set():
@@ -96,7 +106,7 @@ class TorchThread:
                 ok, x = out.get()
                 if not ok:
                     raise x
-                if x is _END:
+                if x is _END or stop.is_set():
                     return
                 yield x
         finally:
@@ -105,9 +115,14 @@ class TorchThread:
                 del self._cancels[key]
 
     def cancel(self, key: str) -> bool:
-        """Stop the stream registered under key (e.g. a browser session's Stop button)."""
+        """Stop the stream registered under key (e.g. a browser session's Stop button). Returns whether one was
+        running; either way the cancel is remembered for `cancelled_since` and `stream(since=...)`."""
+        self._cancelled_at[key] = time.monotonic()
         ev = self._cancels.get(key)
         if ev is None:
             return False
         ev.set()
         return True
+
+    def cancelled_since(self, key: str, t: float) -> bool:
+        return self._cancelled_at.get(key, float("-inf")) >= t

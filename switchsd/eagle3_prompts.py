@@ -156,8 +156,8 @@ def _fill_v2(rng: random.Random) -> str:
                    b=rng.randint(2, 40), c=rng.randint(1, 30), year=rng.randint(1500, 2030),
                    job=rng.choice(JOBS), product=rng.choice(PRODUCTS), n=rng.randint(3, 8))
     if rng.random() < 0.45:
-        p += " " + rng.choice(CONSTRAINTS).format(n=rng.choice([50, 80, 100, 150]), k=rng.randint(2, 4), role=rng.choice(ROLES),
-                                                   audience=rng.choice(AUDIENCES))
+        p += " " + rng.choice(CONSTRAINTS).format(n=rng.choice([50, 80, 100, 150]), k=rng.randint(2, 4),
+                                                   role=rng.choice(ROLES), audience=rng.choice(AUDIENCES))
     return p
 
 

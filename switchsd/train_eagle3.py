@@ -186,8 +186,8 @@ def main(argv=None) -> None:
     layers = (2, L // 2, L - 3)
     if args.stage in ("all", "data"):
         if args.prompts > 0:
-            build(lm, build_prompts(args.prompts, args.seed, args.prompt_set), work / "data", layers, args.max_new_tokens,
-                  args.gen_batch)
+            build(lm, build_prompts(args.prompts, args.seed, args.prompt_set), work / "data", layers,
+                  args.max_new_tokens, args.gen_batch)
         if lm.dtype != torch.float32:
             lm = load_model(args.target, dtype="float32")
         for i, path in enumerate(args.extra):

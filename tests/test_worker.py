@@ -75,6 +75,19 @@ def test_cancel_by_key_stops_the_stream():
     assert closed.wait(5) and len(rest) < 999
 
 
+def test_cancel_before_the_stream_starts_counts_from_since():
+    """A Stop that comes while the engine is still being built: the stream started afterwards with an earlier
+    `since` produces nothing; one started with a later `since` (the next run) is not affected."""
+    w = TorchThread()
+    t0 = time.monotonic()
+    assert not w.cancel("s")                                # nothing running yet
+    assert w.cancelled_since("s", t0) and not w.cancelled_since("other", t0)
+    produced, closed = [], threading.Event()
+    assert list(w.stream(lambda: _slow(1000, produced, closed), key="s", since=t0)) == [] and produced == []
+    later = time.monotonic()
+    assert list(w.stream(lambda: iter(range(3)), key="s", since=later)) == [0, 1, 2]
+
+
 def _asgi(app, path, method="GET"):
     sent = []
 
