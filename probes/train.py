@@ -119,6 +119,17 @@ def card(model: str, report: dict, args, command: str) -> str:
     return "\n".join(lines)
 
 
+def _keep_section(md: Path, text: str, head: str, before: str) -> str:
+    """Carry a hand-measured section (held-out figures, from probes.evaluate) of an existing card into the new one."""
+    old = md.read_text() if md.exists() else ""
+    if head not in old or head in text:
+        return text
+    section = old[old.index(head):]
+    section = section[:section.index("\n## ", 1) + 1] if "\n## " in section[1:] else section.rstrip() + "\n\n"
+    at = text.index(before) if before in text else text.index("Reproduce:")
+    return text[:at] + section + text[at:]
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, help="output folder of probes.collect")
@@ -170,7 +181,9 @@ def main(argv=None) -> None:
         report["ablation_mtbench"] = abl
     Path(str(out) + ".json").write_text(json.dumps(report, indent=1))
     plots(table, best, s_val, y[va], out)
-    Path(str(out) + ".md").write_text(card(lm.name, report, args, " ".join(argv if argv is not None else sys.argv[1:])))
+    md = Path(str(out) + ".md")
+    text = card(lm.name, report, args, " ".join(argv if argv is not None else sys.argv[1:]))
+    md.write_text(_keep_section(md, text, "## Held-out prompts", "## Training-data ablation"))
     print("| layer | sub-layer | val AUC | val F1 | tau |\n|---|---|---|---|---|")
     for r in table:
         print(f"| {r['layer']} | {r['sublayer']} | {r['auc']:.3f} | {r['f1']:.3f} | {r['tau']:.2f} |")

@@ -152,29 +152,46 @@ def test_engine_scores_captured_hidden_state(tiny_model):
         tokens += e.new_tokens
 
 
-@pytest.mark.real
-def test_shipped_probe_on_held_out_prompts(real_lm, tmp_path):
-    """The shipped probe on prompts written for this test (not CopyDiversity templates): the target writes
-    greedy completions, they are labelled, and the probe's scores must separate copy from non-copy.
-    Measured: AUC 0.925 here (64 tokens) against 0.953 on the CopyDiversity validation split; the errors are
-    restatements of the question and the first token after a loop breaks (see probes/*.md), so the bar for
-    these out-of-template prompts is 0.90."""
-    from pathlib import Path
-
-    from probes.evaluate import read_prompts, score_sequences
+def _shipped_probe_auc(lm, rows, tmp_path, max_new_tokens: int) -> tuple[float, float]:
+    """(ROC AUC, copy rate) of the shipped probe on greedy completions of `rows` written by the target."""
+    from probes.evaluate import score_sequences
     from probes.features import complete
     from switchsd.cli_common import DEFAULT_PROBES
     from switchsd.models import DEFAULT_MODEL
     path = DEFAULT_PROBES[DEFAULT_MODEL]
     if not path.exists():
         pytest.skip("no shipped probe")
-    probe = load_probe(str(path), real_lm.model)
+    probe = load_probe(str(path), lm.model)
+    recs = complete(lm, rows, tmp_path / "c.jsonl", max_new_tokens=max_new_tokens, batch=16)
+    s, y = score_sequences(lm, probe, [(r["prompt_ids"] + r["completion_ids"], len(r["prompt_ids"]))
+                                       for r in recs], int(probe.meta["n_train"]))
+    rate = float(y.float().mean())
+    assert 0.05 < rate < 0.95, "the held-out set must contain copy and non-copy positions"
+    return roc_auc(s, y), rate
+
+
+@pytest.mark.real
+def test_shipped_probe_on_held_out_copydiversity(real_lm, tmp_path):
+    """The issue's bar (AUC >= 0.95) on 48 fresh CopyDiversity prompts (another seed, none in the training set),
+    scored the way the validation split was: 192 new greedy tokens, decision-aligned labels.
+    Measured: AUC 0.962, F1 0.892, 6946 positions, 48% copy (validation split: 0.953)."""
+    from probes import copydiversity
+    auc, _ = _shipped_probe_auc(real_lm, copydiversity.held_out(48, seed=12345), tmp_path, 192)
+    assert auc >= 0.95
+
+
+@pytest.mark.real
+def test_shipped_probe_on_out_of_template_prompts(real_lm, tmp_path):
+    """The shipped probe on prompts written for this test (not CopyDiversity templates).
+    Measured: AUC 0.925 here (64 tokens; 0.935 with 192) against 0.953 on the CopyDiversity validation split;
+    the errors are restatements of the question and the first token after a loop breaks (see probes/*.md), so
+    the bar for these out-of-template prompts is 0.90."""
+    from pathlib import Path
+
+    from probes.evaluate import read_prompts
     rows = read_prompts(str(Path(__file__).parent / "data" / "probe_heldout.jsonl"))
-    recs = complete(real_lm, rows, tmp_path / "c.jsonl", max_new_tokens=64, batch=len(rows))
-    s, y = score_sequences(real_lm, probe, [(r["prompt_ids"] + r["completion_ids"], len(r["prompt_ids"]))
-                                            for r in recs], int(probe.meta["n_train"]))
-    assert 0.05 < float(y.float().mean()) < 0.95, "the held-out set must contain copy and non-copy positions"
-    assert roc_auc(s, y) >= 0.90
+    auc, _ = _shipped_probe_auc(real_lm, rows, tmp_path, 64)
+    assert auc >= 0.90
 
 
 def test_held_out_copydiversity_prompts_are_fresh(tmp_path):
@@ -187,3 +204,13 @@ def test_held_out_copydiversity_prompts_are_fresh(tmp_path):
     out = tmp_path / "h.jsonl"
     copydiversity.main(["--n", "10", "--seed", "7", "--out", str(out)])
     assert len(out.read_text().splitlines()) == 10
+
+
+def test_retraining_keeps_the_cards_held_out_section(tmp_path):
+    from probes.train import _keep_section
+    md = tmp_path / "p.md"
+    new = "# Card\n\n## Quality\n- x\n\n## Training-data ablation\n| a |\n\nReproduce: `x`\n"
+    assert _keep_section(md, new, "## Held-out prompts", "## Training-data ablation") == new   # no old card
+    md.write_text("# Old\n\n## Held-out prompts\n- AUC 0.96\n\n## Training-data ablation\n| old |\n")
+    out = _keep_section(md, new, "## Held-out prompts", "## Training-data ablation")
+    assert out == "# Card\n\n## Quality\n- x\n\n## Held-out prompts\n- AUC 0.96\n\n## Training-data ablation\n| a |\n\nReproduce: `x`\n"
