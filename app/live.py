@@ -7,13 +7,15 @@ script (app/page.js) polls `/ssd/live/<token>?n=<events shown>&v=<figure version
 appending only the new spans and redrawing the plots. Gradio carries the first frame (which names the run's
 token), a slow full refresh for API clients, and the final frame.
 
-Tokens are unguessable (`secrets.token_urlsafe`); the board keeps the newest `keep` runs.
+Tokens are unguessable (`secrets.token_urlsafe`); the board keeps the newest `keep` runs, and frees a run
+`linger` seconds after it ended (the final Gradio frame carries everything by then).
 """
 from __future__ import annotations
 
 import json
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from urllib.parse import parse_qs
 
@@ -23,18 +25,24 @@ PREFIX = "/ssd/live/"
 class LiveBoard:
     """Newest state of each streaming run: spans per event (append-only), figures, status, done."""
 
-    def __init__(self, keep: int = 32) -> None:
+    def __init__(self, keep: int = 32, linger: float = 60.0, clock=time.monotonic) -> None:
         self._runs: OrderedDict[str, dict] = OrderedDict()
         self._lock = threading.Lock()
-        self.keep = keep
+        self.keep, self.linger, self.clock = keep, linger, clock
 
     def open(self) -> str:
         token = secrets.token_urlsafe(16)
         with self._lock:
-            self._runs[token] = {"spans": [], "figs": None, "v": 0, "status": "", "done": False}
+            self._forget_ended()
+            self._runs[token] = {"spans": [], "figs": None, "v": 0, "status": "", "done": False, "ended": None}
             while len(self._runs) > self.keep:
                 self._runs.popitem(last=False)
         return token
+
+    def _forget_ended(self) -> None:
+        now = self.clock()
+        for token in [t for t, r in self._runs.items() if r["ended"] is not None and now - r["ended"] > self.linger]:
+            del self._runs[token]
 
     def post(self, token: str, spans: list[str] = (), figs: dict | None = None, status: str | None = None,
              done: bool = False) -> None:
@@ -48,7 +56,9 @@ class LiveBoard:
                 r["figs"], r["v"] = figs, r["v"] + 1
             if status is not None:
                 r["status"] = status
-            r["done"] = r["done"] or done
+            if done and not r["done"]:
+                r["done"], r["ended"] = True, self.clock()
+            self._forget_ended()
 
     def frame(self, token: str, have: int, version: int) -> dict | None:
         """What a page showing `have` events and figure version `version` lacks; None for an unknown run."""

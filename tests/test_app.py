@@ -146,6 +146,16 @@ def test_live_board_frames_and_route():
     board.open()
     board.open()                                                  # keeps the newest 2 runs
     assert board.frame(tok, 0, 0) is None
+    now = [0.0]
+    timed = LiveBoard(keep=8, linger=60, clock=lambda: now[0])
+    a, b = timed.open(), timed.open()
+    timed.post(a, ["<a>"], done=True)
+    now[0] = 59.0
+    timed.post(b, ["<b>"])
+    assert timed.frame(a, 0, 0)["spans"] == "<a>"                 # an ended run lingers for the page's last poll
+    now[0] = 61.0
+    timed.open()
+    assert timed.frame(a, 0, 0) is None and timed.frame(b, 0, 0)["spans"] == "<b>"   # then it is freed
 
     async def call(path, query=b""):
         sent = []
