@@ -7,8 +7,8 @@ script (app/page.js) polls `/ssd/live/<token>?n=<events shown>&v=<figure version
 appending only the new spans and redrawing the plots. Gradio carries the first frame (which names the run's
 token), a slow full refresh for API clients, and the final frame.
 
-Tokens are unguessable (`secrets.token_urlsafe`); the board keeps the newest `keep` runs, and frees a run
-`linger` seconds after it ended (the final Gradio frame carries everything by then).
+Tokens are unguessable (`secrets.token_urlsafe`); the board keeps the newest `keep` runs, and when a run
+opens it forgets those that ended over `linger` seconds ago (their final Gradio frame carried everything).
 """
 from __future__ import annotations
 
@@ -58,7 +58,6 @@ class LiveBoard:
                 r["status"] = status
             if done and not r["done"]:
                 r["done"], r["ended"] = True, self.clock()
-            self._forget_ended()
 
     def frame(self, token: str, have: int, version: int) -> dict | None:
         """What a page showing `have` events and figure version `version` lacks; None for an unknown run."""

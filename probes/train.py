@@ -124,8 +124,7 @@ def _keep_section(md: Path, text: str, head: str, before: str) -> str:
     old = md.read_text() if md.exists() else ""
     if head not in old or head in text:
         return text
-    section = old[old.index(head):]
-    section = section[:section.index("\n## ", 1) + 1] if "\n## " in section[1:] else section.rstrip() + "\n\n"
+    section = head + old.split(head, 1)[1].split("\n## ", 1)[0].rstrip() + "\n\n"     # up to the next heading
     at = text.index(before) if before in text else text.index("Reproduce:")
     return text[:at] + section + text[at:]
 
