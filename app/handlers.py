@@ -62,7 +62,7 @@ def status_line(s: dict, done: bool | None = False, note: str = "") -> str:
     paths = ", ".join(f"{html.escape(k)} {v['pct']:.0f}% of steps (MAL {v['mal']:.2f})" for k, v in s["paths"].items())
     head = {True: "<b>Done</b> · ", False: "Generating… · ", None: "<b>Stopped</b> · "}[done]
     return (f'<span class="ssd-status">{head}'
-            f"<b>{s['new_tokens']} tokens</b> · {s['steps']} target forwards · tau {s['tau']:.2f} tokens/forward · "
+            f"<b>{s['new_tokens']} tokens</b> · {s['steps']} target forwards · {s['tok_per_fwd']:.2f} tokens/forward · "
             f"<b>{s['tok_s']:.1f} tok/s</b> · {paths}{note}</span>")
 
 
@@ -77,7 +77,7 @@ def _events(engine, ids: list[int]) -> Iterator[StepEvent]:
 
 def generate(res: Resources, prompt: str, method: str, temperature: float, max_new: int, chat: bool,
              tau: float | None, kappa: int, width: int, depth: int, gamma: int,
-             session: str | None = None) -> Iterator[tuple]:
+             session: str | None = None, dtype: str = "auto") -> Iterator[tuple]:
     """Streams (tokens html, status, accept fig, probe fig, copy-rate fig, tok/s fig, events, live html).
     Gradio carries the first frame (whose live html names the run on the live board), a full refresh every
     FULL_REFRESH_S for API clients, and the final frame with the figures; in between the page script polls the
@@ -88,7 +88,7 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
         yield gr.skip(), first, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
         ids = check_prompt(res, prompt, chat)
         max_new = check_max_new(max_new)
-        engine = res.engine(method, max_new, temperature, tau, kappa, width, depth, gamma)
+        engine = res.engine(method, max_new, temperature, tau, kappa, width, depth, gamma, dtype=dtype)
     except UserError as e:
         raise gr.Error(str(e))
     except Exception as e:  # loading failures: shown in the UI, never a traceback
@@ -97,8 +97,9 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
         engine.close()
         yield (gr.skip(), "<b>Stopped</b> before the first token.", *(gr.skip(),) * 6)
         return
-    lm = res.lm()
+    lm = res.lm(dtype)
     t_tau = engine_tau(engine)
+    vkey = (str(lm.dtype), tuple(ids), max_new)     # a greedy vanilla run of the same prompt, if there was one
     events: list[StepEvent] = []
     token = BOARD.open()            # the page script polls this run's live frames (app/live.py)
     # The engine runs on the torch thread and never waits for a frame; drawing (here) and the browser still
@@ -129,7 +130,14 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
                 continue
             s = summarize(events, now - t0)
             if done:                        # the final frame: everything through Gradio, the board closes
-                yield final(status_line(s, True, f" · drawing {100 * ui_total / (now - t0):.0f}% of the time"))
+                note = f" · drawing {100 * ui_total / (now - t0):.0f}% of the time"
+                out = [t for x in events for t in x.new_tokens]
+                if float(temperature) == 0.0 and method == "vanilla":
+                    res.remember_vanilla(vkey, out, s["tok_s"])
+                elif float(temperature) == 0.0 and (ref := res.vanilla_run(vkey)) is not None:
+                    note = (f" · <b>{s['tok_s'] / ref[1]:.2f}x</b> vanilla's {ref[1]:.1f} tok/s on this prompt, "
+                            f"{'equal to' if out == ref[0] else 'differs from'} vanilla's text") + note
+                yield final(status_line(s, True, note))
                 return
             line = status_line(s)
             with_plots = now - last_plot >= max(PLOT_REFRESH_S, ui_cost / UI_SHARE)
@@ -159,24 +167,36 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
         stream.close()
 
 
-def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bool, replay_speed: float = 4.0):
-    """SwitchSD vs EAGLE3 vs CopySpec on one prompt. Methods run one at a time (never concurrently on one
-    device), each timed by its own step timings; the lanes are then replayed on a common clock."""
+def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bool = True, replay_speed: float = 4.0,
+         dtype: str = "auto"):
+    """SwitchSD vs EAGLE3 vs CopySpec (and vanilla, the reference) on one prompt. Methods run one at a time
+    (never concurrently on one device), each timed by its own step timings; the lanes are then replayed on a
+    common clock. Each lane shows its speedup over vanilla and whether its text equals vanilla's; where it
+    does not (bfloat16 near-ties), the badge names the first differing token and its float32 logit margin."""
     try:
         ids = check_prompt(res, prompt, chat)
         max_new = check_max_new(max_new)
         methods = ["vanilla", "switchsd", "eagle3", "copyspec"]   # vanilla: the reference of the lossless badge
-        engines = {m: res.engine(m, max_new) for m in methods}
+        engines = {m: res.engine(m, max_new, dtype=dtype) for m in methods}
     except UserError as e:
         raise gr.Error(str(e))
     except Exception as e:
         raise gr.Error(f"{e.__class__.__name__}: {e}")
-    lm = res.lm()
+    lm = res.lm(dtype)
     runs = {}
     for i, m in enumerate(methods):
         yield _race_frame(lm, runs, {}, with_vanilla, f"running {m} ({i + 1}/{len(methods)})…", None)
         runs[m] = res.worker.call(_run_and_close, engines[m], ids)
     ref = runs["vanilla"].token_ids
+    res.remember_vanilla((str(lm.dtype), tuple(ids), max_new), ref, runs["vanilla"].stats["tok_s"])
+    why = {}
+    if any(g.token_ids != ref for g in runs.values()):       # explain each difference in float32
+        from switchsd.mismatch import explain
+        f32 = res.lm("float32").model
+        for m, g in runs.items():
+            if g.token_ids != ref:
+                why[m] = res.worker.call(explain, f32, ids, ref, g.token_ids)
+    ref = (ref, why)
     clocks = {m: plots.timeline(g.events) for m, g in runs.items()}
     end = max(ts[-1] for ts, _ in clocks.values() if ts)
     t, step = 0.0, end / 40
@@ -196,6 +216,21 @@ def _run_and_close(engine, ids):
         return engine.run(ids, torch.Generator().manual_seed(0))
 
 
+def _badge(lm, out: list[int], ref: list[int], why: dict | None) -> tuple[bool, str]:
+    """(equal, text) for a lane's lossless badge."""
+    if out == ref:
+        return True, "equal to vanilla"
+    dt = str(lm.dtype).replace("torch.", "")
+    if not why:
+        return False, f"differs from vanilla ({dt})"
+    if why.get("kind") == "length":
+        return False, f"differs from vanilla ({dt}): stops at {why['other_len']} tokens vs {why['vanilla_len']}"
+    tok = lambda t: repr(lm.tokenizer.decode([t]))                       # noqa: E731
+    return False, (f"differs from vanilla at token {why['position']}: {tok(why['other_token'])} vs "
+                   f"{tok(why['vanilla_token'])}, float32 logit margin {abs(why['fp32_margin']):.3f} "
+                   f"(a {dt} near-tie; run in float32 for identity)")
+
+
 def _race_frame(lm, runs, cut, with_vanilla, status, ref):
     from .render import lane_html
     lanes = []
@@ -203,10 +238,12 @@ def _race_frame(lm, runs, cut, with_vanilla, status, ref):
     for m, g in shown.items():
         evs = g.events[:cut.get(m, len(g.events))]
         s = summarize(g.events, g.stats["wall_s"])
-        lossless = None if ref is None or m == "vanilla" else g.token_ids == ref
-        lanes.append(lane_html(m, lm.tokenizer, evs, lossless,
-                               f"{s['new_tokens']} tokens in {s['wall_s']:.2f} s · {s['tok_s']:.1f} tok/s · "
-                               f"tau {s['tau']:.2f}"))
+        badge = None if ref is None or m == "vanilla" else _badge(lm, g.token_ids, ref[0], ref[1].get(m))
+        speed = (f" · {s['tok_s'] / runs['vanilla'].stats['tok_s']:.2f}x vanilla"
+                 if "vanilla" in runs and m != "vanilla" and runs["vanilla"].stats["tok_s"] else "")
+        lanes.append(lane_html(m, lm.tokenizer, evs, badge,
+                               f"{s['new_tokens']} tokens in {s['wall_s']:.2f} s · {s['tok_s']:.1f} tok/s{speed} · "
+                               f"{s['tok_per_fwd']:.2f} tok/fwd"))
     series = {m: plots.timeline(g.events) for m, g in shown.items()}
     lanes_ev = {m: g.events[:cut.get(m, len(g.events))] for m, g in shown.items()}
     rates = {m: (series[m][0], series[m][1]) for m in shown}

@@ -130,10 +130,16 @@ def tokens_html(tokenizer, events: Sequence[StepEvent], tau: float = 0.5, prompt
             f'{token_spans(tokenizer, events, tau)}</div>')
 
 
-def lane_html(title: str, tokenizer, events: Sequence[StepEvent], lossless: bool | None, stats: str) -> str:
+def lane_html(title: str, tokenizer, events: Sequence[StepEvent], lossless: bool | tuple[bool, str] | None,
+              stats: str) -> str:
+    """`lossless`: None (no badge), a bool, or (equal, text) with the text the badge shows (escaped here)."""
+    if isinstance(lossless, tuple):
+        ok, text = lossless
+    else:
+        ok, text = lossless, "equal to vanilla" if lossless else "differs from vanilla"
     badge = "" if lossless is None else (
-        '<span class="ssd-badge ok">lossless ✓ equals vanilla</span>' if lossless else
-        '<span class="ssd-badge bad">differs from vanilla</span>')
+        f'<span class="ssd-badge ok">lossless ✓ {html.escape(text)}</span>' if ok else
+        f'<span class="ssd-badge bad">{html.escape(text)}</span>')
     return (f'<div class="ssd-lane" data-lane="{html.escape(title)}"><b>{html.escape(title)}</b>{badge}'
             f'<div style="font-size:12px;color:#495057">{html.escape(stats)}</div>'
             f'{tokens_html(tokenizer, events, show_prompt=False, elem_id="lane-" + title)}</div>')

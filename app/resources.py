@@ -1,15 +1,16 @@
-"""Models, drafters and probes the studio uses: loaded once, lazily, behind a lock; engines are built per run."""
+"""Models, drafters and probes the studio uses: loaded once, lazily, behind a lock; engines are built per run
+through the library's factory (switchsd.factory), with the defaults of switchsd.config."""
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from collections import OrderedDict
 from pathlib import Path
-from types import SimpleNamespace
 
 from switchsd.calibrate import load_budget
-from switchsd.cli_common import DEFAULT_HEADS, DEFAULT_PROBES, Neural, build_engine
-from switchsd.config import CopyConfig, EngineConfig, SamplingConfig
+from switchsd.config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, SamplingConfig
 from switchsd.engine import Engine
+from switchsd.factory import DEFAULT_HEADS, DEFAULT_PROBES, Drafters, SetupError, build_engine
 from switchsd.models import DEFAULT_MODEL, LoadedModel, load_model
 from switchsd.probe import Probe, ProbeError, load_probe
 
@@ -30,21 +31,25 @@ class Resources:
     eagle: str = "auto"
     draft: str | None = None
     probe: str = "auto"
-    _lm: LoadedModel | None = None
+    _lms: dict = field(default_factory=dict)         # dtype choice ("auto" | "float32") -> LoadedModel
+    _drafters: dict = field(default_factory=dict)
+    _vanilla: OrderedDict = field(default_factory=OrderedDict)   # greedy vanilla runs, for speedups / badges
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _probes: dict = field(default_factory=dict)
-    _neural: Neural | None = None
     worker: TorchThread = field(default_factory=TorchThread)   # every torch computation runs on this thread
 
     @property
     def loaded(self) -> bool:
-        return self._lm is not None
+        return bool(self._lms)
 
-    def lm(self) -> LoadedModel:
+    def lm(self, dtype: str | None = None) -> LoadedModel:
+        """The target in the studio's dtype (`--dtype`, default auto: the fastest here) or, on request,
+        float32 (token-for-token identical to vanilla)."""
+        key = "float32" if dtype == "float32" else self.dtype
         with self._lock:
-            if self._lm is None:
-                self._lm = self.worker.call(load_model, self.model_name, self.dtype, self.device)
-            return self._lm
+            if key not in self._lms:
+                self._lms[key] = self.worker.call(load_model, self.model_name, key, self.device)
+            return self._lms[key]
 
     def default_method(self) -> str:
         """switchsd when its probe and EAGLE3 head are at hand for the default setup, else the copy path."""
@@ -54,35 +59,45 @@ class Resources:
         return "switchsd" if head and probe else "copy"
 
     def status(self) -> str:
-        if self._lm is None:
+        if not self._lms:
             return "model not loaded yet (loads on the first run)"
-        lm = self._lm
-        return f"{lm.name} · {lm.device} · {str(lm.dtype).replace('torch.', '')}"
+        lm = next(iter(self._lms.values()))
+        dts = ", ".join(sorted(str(m.dtype).replace("torch.", "") for m in self._lms.values()))
+        return f"{lm.name} · {lm.device} · {dts}"
 
-    def neural(self, **overrides) -> Neural:
-        """The drafters' weights load once (first use); each engine gets a view with its own options."""
-        lm = self.lm()
-        if self._neural is None:
-            opts = dict(eagle=self.eagle, draft=self.draft, neural="eagle3", chain=False, gamma=5, tree_topk=4,
-                        tree_depth=5, tree_tokens=24, probe=self.probe, tau=None, bandit_c=1.0)
-            self._neural = Neural(SimpleNamespace(**opts), lm)     # weights load lazily, in build_engine
-        return self._neural.with_overrides({k: v for k, v in overrides.items() if v is not None})
+    def drafters(self, lm: LoadedModel) -> Drafters:
+        """The drafters' weights load once per model copy (first use)."""
+        key = str(lm.dtype)
+        if key not in self._drafters:
+            self._drafters[key] = Drafters(lm, self.eagle, self.draft, self.probe)
+        return self._drafters[key]
 
     def engine(self, method: str, max_new_tokens: int, temperature: float = 0.0, tau: float | None = None,
-               kappa: int = 5, width: int = 10, depth: int = 20, gamma: int | None = None) -> Engine:
-        lm = self.lm()
+               kappa: int = GateConfig.kappa, width: int = CopyConfig.max_candidates,
+               depth: int = CopyConfig.max_draft_len, gamma: int | None = None, dtype: str | None = None) -> Engine:
+        """`gamma` > 0: a fixed neural chain of that length; None / 0: the default shape (NeuralConfig)."""
+        lm = self.lm(dtype)
         try:
             cfg = EngineConfig(max_new_tokens=int(max_new_tokens), budget=load_budget(lm)[0],
                                sampling=SamplingConfig(temperature=float(temperature)))
             copy = CopyConfig(kappa=int(kappa), max_candidates=int(width), max_draft_len=int(depth))
-        except ValueError as e:
+            neural = NeuralConfig(shape="chain", gamma=int(gamma)) if gamma and int(gamma) > 0 else NeuralConfig()
+            gate = GateConfig(tau=None if tau is None else float(tau), kappa=int(kappa))
+        except (TypeError, ValueError) as e:
             raise UserError(str(e)) from None
-        chain = gamma is not None and int(gamma) > 0
-        neural = self.neural(tau=tau, chain=chain or None, gamma=int(gamma) if chain else None)
         try:
-            return self.worker.call(build_engine, method, lm, cfg, copy, neural)
-        except SystemExit as e:  # the shared builders report setup problems as SystemExit("error: ...")
-            raise UserError(str(e).removeprefix("error: ")) from None
+            return self.worker.call(build_engine, method, lm, self.drafters(lm), cfg, copy, neural, gate)
+        except SetupError as e:
+            raise UserError(str(e)) from None
+
+    def remember_vanilla(self, key: tuple, token_ids: list[int], tok_s: float) -> None:
+        self._vanilla[key] = (list(token_ids), float(tok_s))
+        self._vanilla.move_to_end(key)
+        while len(self._vanilla) > 64:
+            self._vanilla.popitem(last=False)
+
+    def vanilla_run(self, key: tuple) -> tuple[list[int], float] | None:
+        return self._vanilla.get(key)
 
     # -- probes ---------------------------------------------------------------------------------------------
     def shipped_probes(self) -> list[str]:
@@ -102,6 +117,3 @@ class Resources:
                 raise UserError(str(e)) from None
         return self._probes[key]
 
-    def default_probe_path(self) -> str | None:
-        p = DEFAULT_PROBES.get(self.lm().name) if self._lm is not None else None
-        return str(p) if p is not None and p.exists() else None

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import gradio as gr
 
+from switchsd.config import CopyConfig, GateConfig
 from switchsd.methods import METHODS
 
 from . import handlers, plots, probelab
 from .render import CSS
 from .resources import Resources, UserError
+
+COPY, GATE = CopyConfig(), GateConfig()     # the knobs start at the library defaults
 
 PRESETS = {
     "JSON echo (copy-heavy)": 'Repeat this JSON exactly, then stop: {"name": "Alice", "age": 30, "city": "Paris", '
@@ -48,7 +51,11 @@ def build_demo(res: Resources) -> gr.Blocks:
         gr.HTML(f"<style>{CSS}</style>")
         gr.Markdown("# SwitchSD Studio\nSpeculative decoding that copies from the context only when the model "
                     "itself intends to copy. Every token is coloured by the path that drafted it.")
-        model_status = gr.Markdown(res.status(), elem_id="model-status")
+        with gr.Row():
+            model_status = gr.Markdown(res.status(), elem_id="model-status")
+            precision = gr.Radio(["auto", "float32"], value="auto", elem_id="precision",
+                                 label="Precision: auto = the fastest here (bfloat16 on CPUs with native bf16: equal "
+                                       "to vanilla up to near-ties); float32 = token-for-token identical to vanilla")
         with gr.Tab("Generate", id="tab-generate"):
             with gr.Row():
                 with gr.Column(scale=3):
@@ -66,10 +73,12 @@ def build_demo(res: Resources) -> gr.Blocks:
                             tau_on = gr.Checkbox(False, label="override the probe's tau")
                             tau = gr.Slider(0.0, 1.0, value=0.5, step=0.01, label="tau")
                         with gr.Row():
-                            kappa = gr.Number(5, label="kappa", precision=0, minimum=1, maximum=32)
-                            width = gr.Number(10, label="W candidates", precision=0, minimum=1, maximum=64)
-                            depth = gr.Number(20, label="D tokens", precision=0, minimum=1, maximum=64)
-                            gamma = gr.Number(0, label="gamma (0: EAGLE tree)", precision=0, minimum=0, maximum=16)
+                            kappa = gr.Number(GATE.kappa, label="kappa", precision=0, minimum=1, maximum=32)
+                            width = gr.Number(COPY.max_candidates, label="W candidates", precision=0, minimum=1,
+                                              maximum=64)
+                            depth = gr.Number(COPY.max_draft_len, label="D tokens", precision=0, minimum=1, maximum=64)
+                            gamma = gr.Number(0, label="gamma (0: default shape, cost-chosen chain)", precision=0,
+                                              minimum=0, maximum=16)
                     with gr.Row():
                         run = gr.Button("Generate", variant="primary", elem_id="run")
                         stop = gr.Button("Stop", elem_id="stop")
@@ -91,7 +100,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                                          elem_id="race-prompt", scale=3)
                 with gr.Column(scale=1):
                     race_max = gr.Slider(1, 512, value=96, step=1, label="Max new tokens")
-                    race_vanilla = gr.Checkbox(value=False, label="Show the vanilla lane")
+                    race_vanilla = gr.Checkbox(value=True, label="Show the vanilla lane")
                     race_run = gr.Button("Race", variant="primary", elem_id="race-run")
             race_status = gr.Markdown(elem_id="race-status")
             race_lanes = gr.HTML(elem_id="race-lanes")
@@ -132,14 +141,15 @@ def build_demo(res: Resources) -> gr.Blocks:
         empty = (plots.accept_plot([]), plots.probe_plot([], 0.5), plots.copy_rate_plot([]), plots.toks_plot({}))
         demo.load(lambda: tuple(map(plots.plot_value, empty)), None, [p_accept, p_probe, p_rate, p_toks], queue=False)
         preset.change(lambda p: PRESETS.get(p, gr.skip()), preset, prompt, queue=False)
-        def gen(p, m, t, n, c, on, tau_, k, w, d, g, request: gr.Request):
+        def gen(p, m, t, n, c, on, tau_, k, w, d, g, dt, request: gr.Request):
             yield from handlers.generate(res, p, m, t, n, c, tau_ if on else None, k, w, d, g,
-                                         session=getattr(request, "session_hash", None))
+                                         session=getattr(request, "session_hash", None), dtype=dt)
 
         def stop_fn(request: gr.Request):       # stops this session's engine at its next step
             res.worker.cancel(getattr(request, "session_hash", None) or "")
 
-        gen_ev = run.click(gen, [prompt, method, temperature, max_new, chat, tau_on, tau, kappa, width, depth, gamma],
+        gen_ev = run.click(gen, [prompt, method, temperature, max_new, chat, tau_on, tau, kappa, width, depth, gamma,
+                                 precision],
                            [tokens, status, p_accept, p_probe, p_rate, p_toks, run_state, live],
                            concurrency_limit=1, concurrency_id="device", api_name="generate",
                            show_progress="hidden")   # our status line says it; Gradio's animated overlay costs CPU
@@ -147,7 +157,8 @@ def build_demo(res: Resources) -> gr.Blocks:
         gen_ev.then(lambda st: gr.update(maximum=max(1, len(st["events"]) - 1) if st else 1), run_state, insp_step,
                     queue=False)
         stop.click(stop_fn, None, None, queue=False)     # the run ends with a "Stopped" frame (not a Gradio cancel)
-        race_run.click(lambda *a: (yield from handlers.race(res, *a)), [race_prompt, race_max, chat, race_vanilla],
+        race_run.click(lambda p, n, c, v, dt: (yield from handlers.race(res, p, n, c, v, dtype=dt)),
+                       [race_prompt, race_max, chat, race_vanilla, precision],
                        [race_lanes, race_status, race_toks, race_tau], concurrency_limit=1,
                        concurrency_id="device", api_name="race")
 

@@ -3,9 +3,11 @@
     python -m switchsd.bench --dataset humaneval --limit 10 --methods vanilla,pld,copyspec,copy \
         --max-new-tokens 128 --out runs/humaneval
 
-Methods run prompt by prompt, interleaved (so slow drifts of the machine hit all methods alike).
+Methods run prompt by prompt, interleaved (so slow drifts of the machine hit all methods alike). Besides ours
+(`switchsd.methods.METHODS`, with variants), the peers a transformers user already has: `hf` (the model's own
+`generate`), `hf-pld` (`generate(prompt_lookup_num_tokens=10)`) and, with --draft, `hf-assisted`.
 Reported per method: Tok/s as the mean of per-prompt rates (Spec-Bench) and as total tokens / total time,
-speedup = mean Tok/s over vanilla's, tau (tokens per target forward, bonus included), per path % of
+speedup = mean Tok/s over vanilla's, tokens per target forward (bonus included), per path % of
 iterations and MAL (accepted draft tokens per step), and how many outputs are identical to vanilla.
 Writes results.json and table.md to --out; the LAST printed line is a one-line JSON summary.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import statistics
 import sys
 import time
@@ -31,6 +34,7 @@ from .engine import Engine
 from .methods import METHODS
 from .mismatch import explain, summarize_mismatches
 from .models import load_model
+from .peers import PEERS, HFPeer
 from .policies import Fixed
 
 
@@ -50,7 +54,7 @@ def aggregate(records: list[dict], vanilla_ids: dict) -> dict:
     return {
         "tok_s": statistics.mean(rates) if rates else 0.0,
         "tok_s_total": tokens / wall if wall else 0.0,
-        "tau": tokens / steps if steps else 0.0,
+        "tok_per_fwd": tokens / steps if steps else 0.0,
         "new_tokens": tokens,
         "identical": sum(r["token_ids"] == vanilla_ids[r["id"]] for r in records),
         "n": len(records),
@@ -95,13 +99,13 @@ def _resume(path: Path, key: dict, fresh: bool) -> list[dict]:
 def table(summary: dict) -> str:
     orc = any("of_oracle" in s for s in summary.values())
     rows = ["| method | Tok/s (mean) | Tok/s (total) | speedup |" + (" of oracle |" if orc else "") +
-            " tau | paths: % iters / MAL | identical |",
+            " tok/fwd | paths: % iters / MAL | identical |",
             "|---|---|---|---|" + ("---|" if orc else "") + "---|---|---|"]
     for m, s in summary.items():
         paths = ", ".join(f"{k} {v['pct']:.1f}% / {v['mal']:.2f}" for k, v in s["paths"].items())
         rows.append(f"| {m} | {s['tok_s']:.2f} | {s['tok_s_total']:.2f} | {s['speedup']:.2f}x |" +
                     (f" {100 * s.get('of_oracle', 0):.0f}% |" if orc else "") +
-                    f" {s['tau']:.2f} | {paths} | {s['identical']}/{s['n']} |")
+                    f" {s['tok_per_fwd']:.2f} | {paths} | {s['identical']}/{s['n']} |")
     return "\n".join(rows)
 
 
@@ -111,7 +115,9 @@ def main(argv=None) -> None:
     ap.add_argument("--data-file", default=None, help="JSONL file (required for --dataset jsonl)")
     ap.add_argument("--category", default=None, help="specbench: keep one category")
     ap.add_argument("--limit", type=int, default=None)
-    ap.add_argument("--methods", default="vanilla,pld,copyspec,copy")
+    ap.add_argument("--methods", default="hf,hf-pld,vanilla,pld,copyspec,eagle3,switchsd,switchsd-paper",
+                    help=f"comma-separated: {', '.join(METHODS)} (variants NAME@chainG, NAME@treeKxDxN, +kN, +tX), "
+                         f"oracle, and the transformers peers {', '.join(PEERS)}")
     ap.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     ap.add_argument("--warmup", type=int, default=1, help="warm-up generations per method before timing")
     ap.add_argument("--out", default="runs/bench")
@@ -122,9 +128,12 @@ def main(argv=None) -> None:
     add_neural_args(ap)
     args = ap.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in methods if m.partition("@")[0] not in METHODS and m != "oracle"]
+    bad = [m for m in methods if re.split(r"[@+]", m, maxsplit=1)[0] not in METHODS and m != "oracle"
+           and m not in PEERS]
     if bad or not methods:
-        ap.error(f"unknown method(s) {bad}; choose from {', '.join(METHODS)}")
+        ap.error(f"unknown method(s) {bad}; choose from {', '.join(METHODS + PEERS)}, oracle")
+    if "hf-assisted" in methods and not args.draft:
+        ap.error("hf-assisted needs --draft MODEL (a small model sharing the tokenizer)")
     # vanilla first: the reference for identity, speedup and the oracle's continuation
     methods = ["vanilla"] + [m for m in dict.fromkeys(methods) if m != "vanilla"]
     try:
@@ -141,15 +150,20 @@ def main(argv=None) -> None:
     if too_long:
         ap.error(f"prompts longer than the model's context ({lm.max_length}): {too_long[:5]}")
     neural = Neural(args, lm)
-    engines = {m: build_engine(m, lm, cfg, copy, neural) for m in methods if m != "oracle"}
     eos = lm.eos_ids()
+
+    def make(m: str, cfg):
+        if m in PEERS:
+            return HFPeer(m, lm.model, cfg, eos, neural.drafters.draft_model if m == "hf-assisted" else None)
+        return build_engine(m, lm, cfg, copy, neural)
+
+    engines = {m: make(m, cfg) for m in methods if m != "oracle"}
     oracle = lambda ref: Engine(lm.model, Fixed([OracleDrafter(ref)]), cfg, eos, lm.max_length)
     # Warm-up: every method once on the first prompt (not timed, not recorded).
     for m in methods:
         if m == "oracle":
             continue
-        warm = build_engine(m, lm, engine_config(argparse.Namespace(**{**vars(args), "max_new_tokens": 16}), budget),
-                            copy, neural)
+        warm = make(m, engine_config(argparse.Namespace(**{**vars(args), "max_new_tokens": 16}), budget))
         for _ in range(args.warmup):
             warm.run(encoded[0][1], torch.Generator().manual_seed(0))
         warm.close()
@@ -158,8 +172,11 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # Checkpoint: one JSON line per finished prompt, so a long run resumes where it stopped.
-    key = {"dataset": args.dataset, "methods": methods, "prompts": [pid for pid, _ in encoded],
-           "dtype": str(lm.dtype), "budget": budget, "engine": asdict(cfg), "copy": asdict(copy)}
+    n_cfg, g_cfg = neural.configs()
+    key = {"dataset": args.dataset, "methods": methods, "prompts": [pid for pid, _ in encoded], "model": lm.name,
+           "chat": chat, "dtype": str(lm.dtype), "budget": budget, "engine": asdict(cfg), "copy": asdict(copy),
+           "neural": asdict(n_cfg), "gate": asdict(g_cfg), "eagle": args.eagle, "probe": args.probe,
+           "draft": args.draft}
     done = _resume(out / "partial.jsonl", key, args.fresh)
     for line in done:
         vanilla_ids[line["id"]] = line["records"]["vanilla"]["token_ids"]
@@ -203,7 +220,7 @@ def main(argv=None) -> None:
                                   f"T={cfg.sampling.temperature}\n\n{md}\n\n{summarize_mismatches(mismatches)}\n")
     print(md)
     print(json.dumps({"methods": {m: {"tok_s": round(s["tok_s"], 3), "speedup": round(s["speedup"], 3),
-                                      "tau": round(s["tau"], 3), "identical": s["identical"], "n": s["n"],
+                                      "tok_per_fwd": round(s["tok_per_fwd"], 3), "identical": s["identical"], "n": s["n"],
                                       **({"of_oracle": round(s["of_oracle"], 3)} if "of_oracle" in s else {}),
                                       "paths": {k: {"pct": round(v["pct"], 2), "mal": round(v["mal"], 3)}
                                                 for k, v in s["paths"].items()}}

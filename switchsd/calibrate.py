@@ -1,11 +1,14 @@
-"""Measure the target's verification cost curve and derive the default verification budget.
+"""Measure the target's verification cost curve, pick the fastest dtype, derive the default budget.
 
-    python -m switchsd.calibrate [--model M] [--dtype D] [--max-tokens 64] [--prefix 256]
+    python -m switchsd.calibrate [--model M] [--dtype auto|float32|bfloat16] [--max-tokens 64] [--prefix 256]
 
 Times one target forward over n = 1..N new tokens on top of a cached prefix (median of repeats, after a
-warm-up) and stores {n: ms} in `$SWITCHSD_CACHE/calibration/`. The default budget is the largest n whose
-forward costs at most `ratio` x a one-token forward (default 2.0: a verify of n tokens pays for itself as
-soon as it yields one extra token). Engines built by the CLIs read it (`--budget auto`).
+warm-up) and stores {n: ms} in `$SWITCHSD_CACHE/calibration/`. That curve is what the cost gate decides with
+and what verify forwards are padded by (`switchsd.costs.VerifyCost`); an engine built for an uncalibrated
+device measures a short curve itself on first use (a few seconds). With `--dtype auto` on a CPU both float32
+and bfloat16 are measured and the faster one for decoding (the one-token forward) becomes this device's
+`--dtype auto` (recorded in `dtype-cpu.json`). The default budget is the largest n whose forward costs at
+most `ratio` x a one-token forward (default 2.0).
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from pathlib import Path
 import torch
 
 from .cache import KVCache
-from .models import LoadedModel, cache_dir, load_model
+from .costs import VerifyCost
+from .models import LoadedModel, cache_dir, dtype_choice_path, load_model
 
 DEFAULT_RATIO = 2.0
 FALLBACK_BUDGET = 16
@@ -27,7 +31,8 @@ POINTS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 25
 
 def calibration_path(lm: LoadedModel) -> Path:
     safe = lm.name.replace("/", "--")
-    return cache_dir() / "calibration" / f"{safe}-{lm.device.type}-{str(lm.dtype).replace('torch.', '')}.json"
+    return (cache_dir() / "calibration" /
+            f"{safe}-{lm.device.type}-{str(lm.dtype).replace('torch.', '')}-{lm.attn}.json")
 
 
 @torch.inference_mode()
@@ -89,6 +94,48 @@ def load_budget(lm: LoadedModel, ratio: float = DEFAULT_RATIO) -> tuple[int, str
     return FALLBACK_BUDGET, "fallback (run python -m switchsd.calibrate)"
 
 
+def device_cost(lm: LoadedModel, measure_if_missing: bool = True) -> VerifyCost:
+    """This device's verification cost curve: the calibrated one, else (`measure_if_missing`) a short one
+    measured now and saved, else a flat curve (every forward costs the same)."""
+    path = calibration_path(lm)
+    if path.exists():
+        try:
+            data = json.loads(path.read_text())
+            return VerifyCost({int(k): float(v) for k, v in data["curve_ms"].items()}, source=str(path))
+        except (ValueError, KeyError, TypeError):
+            pass    # a corrupt file: measure again
+    if not measure_if_missing:
+        return VerifyCost({1: 1.0}, source="flat")
+    import sys
+    print(f"calibrating this device's verification cost ({lm.name}, {lm.device}, "
+          f"{str(lm.dtype).replace('torch.', '')}; once, a few seconds)...", file=sys.stderr)
+    curve = measure(lm, max_tokens=32, prefix=256, repeats=3, progress=False)
+    save(lm, curve, 256, DEFAULT_RATIO)
+    return VerifyCost(curve, source=str(path))
+
+
+def save(lm: LoadedModel, curve: dict[int, float], prefix: int, ratio: float) -> Path:
+    path = calibration_path(lm)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype), "prefix": prefix,
+           "curve_ms": curve, "ratio": ratio, "budget": budget_from_curve(curve, ratio)}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(out, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def _report(lm: LoadedModel, curve: dict[int, float], ratio: float, path: Path) -> None:
+    base = curve[min(curve)]
+    cost = VerifyCost(curve)
+    print(f"{lm.name} on {lm.device}, {str(lm.dtype).replace('torch.', '')}:")
+    for n, ms in curve.items():
+        pad = cost.pad_to(n)
+        print(f"{n:4d} tokens  {ms:8.2f} ms  x{ms / base:5.2f}" + (f"   (padded to {pad}: {curve[pad]:.2f} ms)"
+                                                                  if pad != n else ""))
+    print(f"budget (largest n with cost <= {ratio} x one token): {budget_from_curve(curve, ratio)}  -> {path}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="HF id or folder (default: offline SmolLM2-135M-Instruct)")
@@ -101,19 +148,45 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.max_tokens < 1 or args.repeats < 1 or args.prefix < 1:
         ap.error("--max-tokens, --repeats and --prefix must be >= 1")
-    lm = load_model(args.model, args.dtype, args.device)
-    curve = measure(lm, args.max_tokens, args.prefix, args.repeats)
-    budget = budget_from_curve(curve, args.ratio)
-    path = calibration_path(lm)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    out = {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype), "prefix": args.prefix,
-           "curve_ms": curve, "ratio": args.ratio, "budget": budget}
-    path.write_text(json.dumps(out, indent=1))
-    base = curve[min(curve)]
-    for n, ms in curve.items():
-        print(f"{n:4d} tokens  {ms:8.2f} ms  x{ms / base:5.2f}")
-    print(f"budget (largest n with cost <= {args.ratio} x one token): {budget}  -> {path}")
-    print(json.dumps({"budget": budget, "curve_ms": curve, "path": str(path)}))
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtypes = [args.dtype]
+    if args.dtype == "auto" and device == "cpu":
+        dtypes = ["float32", "bfloat16"]     # both, to pick this CPU's --dtype auto
+    results, attention = {}, {}
+    for dt in dtypes:
+        lm = load_model(args.model, dt, device, attention="sdpa")
+        name = str(lm.dtype).replace("torch.", "")
+        one = {}
+        for impl in ("sdpa", "eager"):         # the faster attention kernel for decoding, per dtype
+            lm.model.set_attn_implementation(impl)
+            one[impl] = measure(lm, 1, args.prefix, args.repeats, progress=False)[1]
+        attention[name] = min(one, key=one.get)
+        lm.model.set_attn_implementation(attention[name])
+        print(f"{name}: one-token forward sdpa {one['sdpa']:.2f} ms, eager {one['eager']:.2f} ms "
+              f"-> {attention[name]}")
+        curve = measure(lm, args.max_tokens, args.prefix, args.repeats)
+        path = save(lm, curve, args.prefix, args.ratio)
+        _report(lm, curve, args.ratio, path)
+        results[name] = {"curve_ms": curve, "path": str(path), "budget": budget_from_curve(curve, args.ratio),
+                         "attention": attention[name]}
+    choice = dtype_choice_path(device)
+    old = {}
+    if choice.exists():
+        try:
+            old = json.loads(choice.read_text())
+        except ValueError:
+            old = {}
+    out = {"attention": {**old.get("attention", {}), **attention}}
+    if len(results) > 1:
+        out["fastest"] = min(results, key=lambda d: results[d]["curve_ms"][1])
+        out["one_token_ms"] = {d: r["curve_ms"][1] for d, r in results.items()}
+        print(f"fastest dtype for decoding here: {out['fastest']} (--dtype auto uses it)")
+    elif "fastest" in old:
+        out["fastest"] = old["fastest"]
+    choice.parent.mkdir(parents=True, exist_ok=True)
+    choice.write_text(json.dumps(out))
+    print(f"attention kernels {out['attention']} -> {choice}")
+    print(json.dumps(results))
 
 
 if __name__ == "__main__":

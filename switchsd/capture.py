@@ -27,24 +27,34 @@ def decoder_layers(model) -> list[torch.nn.Module]:
 class HiddenCapture:
     """`with HiddenCapture(model, [(14, "attn")]) as cap: model(...); cap.last[(14, "attn")]  # [1, T, d]`"""
 
-    def __init__(self, model, sites: Iterable[tuple[int, str]]):
+    def __init__(self, model, sites: Iterable[tuple[int, str]], attach: bool = True):
+        """`attach=False`: hooks are registered only between `attach()` and `close()` (an engine attaches for
+        the length of one generation, so no forward of anyone else runs its hooks)."""
         self.sites = [(int(layer), str(where)) for layer, where in sites]
         self.last: dict[tuple[int, str], torch.Tensor] = {}
         self._handles = []
-        layers = decoder_layers(model)
+        self._layers = decoder_layers(model)
         for layer, where in self.sites:
-            if not 0 <= layer < len(layers):
-                raise ValueError(f"capture layer {layer} out of range: the model has {len(layers)} layers")
-            block = layers[layer]
-            if where == "attn":
-                norm = getattr(block, "post_attention_layernorm", None)
-                if norm is None:
-                    raise ValueError(f"layer {layer} of {type(block).__name__} has no post_attention_layernorm")
-                self._handles.append(norm.register_forward_pre_hook(self._pre_hook((layer, where))))
-            elif where == "mlp":
-                self._handles.append(block.register_forward_hook(self._out_hook((layer, where))))
-            else:
+            if not 0 <= layer < len(self._layers):
+                raise ValueError(f"capture layer {layer} out of range: the model has {len(self._layers)} layers")
+            if where == "attn" and getattr(self._layers[layer], "post_attention_layernorm", None) is None:
+                raise ValueError(f"layer {layer} of {type(self._layers[layer]).__name__} has no "
+                                 "post_attention_layernorm")
+            if where not in ("attn", "mlp"):
                 raise ValueError(f"sub-layer must be 'attn' or 'mlp', got {where!r}")
+        if attach:
+            self.attach()
+
+    def attach(self) -> None:
+        if self._handles:
+            return
+        for layer, where in self.sites:
+            block = self._layers[layer]
+            if where == "attn":
+                self._handles.append(block.post_attention_layernorm.register_forward_pre_hook(
+                    self._pre_hook((layer, where))))
+            else:
+                self._handles.append(block.register_forward_hook(self._out_hook((layer, where))))
 
     def _pre_hook(self, key):
         def hook(module, args):
@@ -64,6 +74,7 @@ class HiddenCapture:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self.last = {}
 
     def __enter__(self):
         return self

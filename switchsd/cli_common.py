@@ -1,36 +1,43 @@
-"""Arguments and builders shared by the generate and bench CLIs."""
+"""Arguments shared by the command-line entry points, and their translation into the library's configs.
+
+Every default is read from the config dataclasses (switchsd/config.py); engines are built by
+switchsd.factory. Library errors become one-line `error: ...` exits here, and only here.
+"""
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
-from pathlib import Path
+import sys
 
 import torch
 
 from .calibrate import DEFAULT_RATIO, load_budget
-from .config import CopyConfig, EngineConfig, SamplingConfig
+from .config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, SamplingConfig, TreeConfig
 from .engine import Engine
-from .drafters.eagle3 import Eagle3Drafter, TreeConfig
-from .drafters.eagle3_model import Eagle3LoadError, load_eagle3
-from .drafters.draft_model import DraftModelDrafter
-from .methods import METHODS, NEEDS_NEURAL, NEEDS_PROBE, NEURAL_METHODS, build_policy
-from .probe import ProbeError, load_probe
-from .models import DEFAULT_MODEL, LoadedModel, ModelLoadError, load_model
+from .factory import DEFAULT_HEADS, DEFAULT_PROBES, Drafters, SetupError  # noqa: F401  (re-exported)
+from .factory import build_engine as _build_engine
+from .factory import parse_method as _parse_method
+from .methods import NEURAL_METHODS
+from .models import LoadedModel, ModelLoadError, load_model
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
-DEFAULT_HEADS = {DEFAULT_MODEL: ASSETS / "eagle3-smollm2-135m"}
-DEFAULT_PROBES = {DEFAULT_MODEL: Path(__file__).resolve().parents[1] / "probes" / "smollm2-135m-instruct.safetensors"}
+_C, _N, _T, _G, _E = CopyConfig(), NeuralConfig(), TreeConfig(), GateConfig(), EngineConfig()
+LOSSLESS_NOTE = ("note: {dtype} — every method verifies against the target as computed in {dtype}; where two "
+                 "tokens are nearly tied, a k-row verify forward and vanilla's one-row forward can round them "
+                 "differently, so texts may part from vanilla's at such a near-tie. --dtype float32 gives "
+                 "token-for-token identity with vanilla greedy decoding.")
 
 
 def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default=None, help="HF id or local folder (default: offline SmolLM2-135M-Instruct)")
-    ap.add_argument("--dtype", default="auto", help="auto (CUDA: bfloat16, CPU: float32) | float32 | bfloat16")
+    ap.add_argument("--dtype", default="auto",
+                    help="auto (the fastest for decoding here: CUDA bfloat16; CPU what `python -m "
+                         "switchsd.calibrate` measured, else bfloat16 with native bf16, else float32) | float32 "
+                         "(token-for-token identical to vanilla) | bfloat16")
     ap.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: CUDA when present)")
     ap.add_argument("--device-map", default=None, help="'auto' to shard over several GPUs with accelerate")
 
 
 def add_decode_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--max-new-tokens", type=int, default=_E.max_new_tokens)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--top-p", type=float, default=1.0)
@@ -38,9 +45,11 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
                     help="most tokens verified per target forward; 'auto' = from the calibrated cost curve")
     ap.add_argument("--budget-ratio", type=float, default=DEFAULT_RATIO,
                     help="with --budget auto: largest n whose forward costs <= ratio x a one-token forward")
-    ap.add_argument("--kappa", type=int, default=5, help="copy path: n-gram length that must match")
-    ap.add_argument("--copy-candidates", type=int, default=10, help="copy path: W, most candidates")
-    ap.add_argument("--copy-len", type=int, default=20, help="copy path: D, most tokens per candidate")
+    ap.add_argument("--kappa", type=int, default=None,
+                    help=f"copy path: n-gram length that must match (default {_G.kappa} with the cost gate, "
+                         f"{_C.kappa} elsewhere: the paper's)")
+    ap.add_argument("--copy-candidates", type=int, default=_C.max_candidates, help="copy path: W, most candidates")
+    ap.add_argument("--copy-len", type=int, default=_C.max_draft_len, help="copy path: D, most tokens per candidate")
 
 
 def add_neural_args(ap: argparse.ArgumentParser) -> None:
@@ -50,96 +59,62 @@ def add_neural_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--neural", default="eagle3", choices=NEURAL_METHODS,
                     help="the neural drafter copyspec falls back to")
     ap.add_argument("--probe", default="auto", help="copy-intent probe (.safetensors); 'auto': the shipped one")
-    ap.add_argument("--tau", type=float, default=None, help="override the probe's threshold")
+    ap.add_argument("--tau", type=float, default=_G.tau, help="probe threshold (default: the probe's own)")
+    ap.add_argument("--gate", default=_G.mode, choices=("cost", "paper"),
+                    help="SwitchSD gate: cost (default: copy / neural shape / plain step by expected tokens per "
+                         "second on this device) or paper (the fixed dual gate, eq. 4; = method switchsd-paper)")
     ap.add_argument("--bandit-c", type=float, default=1.0, help="BanditSpec UCB exploration constant")
-    ap.add_argument("--chain", action="store_true", help="EAGLE3: chain drafting instead of the dynamic tree")
-    ap.add_argument("--gamma", type=int, default=5, help="chain length (EAGLE3 --chain, SPS)")
-    ap.add_argument("--tree-topk", type=int, default=4)
-    ap.add_argument("--tree-depth", type=int, default=5)
-    ap.add_argument("--tree-tokens", type=int, default=24, help="draft nodes per tree (capped by the budget)")
+    ap.add_argument("--shape", default=_N.shape, choices=("auto", "chain", "tree"),
+                    help="neural drafting shape: auto (cost-chosen chain length, EAGLE's tree under fixed "
+                         "policies), chain (--gamma tokens), tree (--tree-*)")
+    ap.add_argument("--chain", action="store_true", help="same as --shape chain")
+    ap.add_argument("--gamma", type=int, default=_N.gamma, help="chain length (the longest, with --shape auto)")
+    ap.add_argument("--tree-topk", type=int, default=_T.top_k)
+    ap.add_argument("--tree-depth", type=int, default=_T.depth)
+    ap.add_argument("--tree-tokens", type=int, default=_T.total_tokens, help="draft nodes per tree (capped by the budget)")
+
+
+def fail(msg: str) -> "SystemExit":
+    return SystemExit(f"error: {msg}")
 
 
 class Neural:
-    """Loads the neural drafters' weights once; makes a fresh drafter (own caches) per engine."""
+    """The CLI's drafters (weights loaded once, see factory.Drafters) plus the drafting options of its flags."""
 
     def __init__(self, args, lm: LoadedModel):
         self.args, self.lm = args, lm
-        self._loaded: dict = {}   # shared by with_overrides() views: weights load once
+        self.drafters = Drafters(lm, getattr(args, "eagle", "auto"), getattr(args, "draft", None),
+                                 getattr(args, "probe", "auto"))
 
-    def _once(self, key: str, load):
-        if key not in self._loaded:
-            self._loaded[key] = load()
-        return self._loaded[key]
-
-    def _shipped(self, flag: str, defaults: dict, what: str) -> str:
-        """The value of --eagle / --probe, with 'auto' resolved to the file shipped for this model."""
-        name = getattr(self.args, flag, "auto")
-        if name not in (None, "auto"):
-            return name
-        path = defaults.get(self.lm.name)
-        if path is None or not path.exists():
-            raise SystemExit(f"error: no shipped {what} for {self.lm.name}; pass --{flag} FILE")
-        return str(path)
-
-    def available(self, kind: str) -> bool:
-        if kind == "sps":
-            return bool(getattr(self.args, "draft", None))
-        default = DEFAULT_HEADS.get(self.lm.name)
-        return getattr(self.args, "eagle", "auto") not in (None, "auto") or (default is not None and default.exists())
-
-    @property
-    def head(self):
-        def load():
-            try:
-                return load_eagle3(self._shipped("eagle", DEFAULT_HEADS, "EAGLE3 head"), self.lm.model)
-            except Eagle3LoadError as e:
-                raise SystemExit(f"error: {e}")
-        return self._once("head", load)
-
-    @property
-    def draft_model(self):
-        def load():
-            if not getattr(self.args, "draft", None):
-                raise SystemExit("error: method sps needs --draft MODEL (a small model sharing the tokenizer)")
-            try:
-                return load_model(self.args.draft, self.lm.dtype, str(self.lm.device)).model
-            except (ModelLoadError, ValueError) as e:
-                raise SystemExit(f"error: {e}")
-        return self._once("draft", load)
+    def configs(self) -> tuple[NeuralConfig, GateConfig]:
+        a = self.args
+        shape = "chain" if getattr(a, "chain", False) else getattr(a, "shape", _N.shape)
+        try:
+            tree = TreeConfig(getattr(a, "tree_topk", _T.top_k), getattr(a, "tree_depth", _T.depth),
+                              getattr(a, "tree_tokens", _T.total_tokens))
+            return (NeuralConfig(shape=shape, gamma=getattr(a, "gamma", _N.gamma), tree=tree),
+                    GateConfig(mode=getattr(a, "gate", _G.mode), tau=getattr(a, "tau", None),
+                               kappa=getattr(a, "kappa", None) or _G.kappa))
+        except ValueError as e:
+            raise fail(str(e)) from None
 
     @property
     def probe(self):
-        def load():
-            try:
-                return load_probe(self._shipped("probe", DEFAULT_PROBES, "probe"), self.lm.model)
-            except ProbeError as e:
-                raise SystemExit(f"error: {e}")
-        return self._once("probe", load)
-
-    def with_overrides(self, overrides: dict) -> "Neural":
-        """A view with other drafting options that shares the loaded weights."""
-        import copy as _copy
-        other = _copy.copy(self)
-        other.args = argparse.Namespace(**{**vars(self.args), **overrides})
-        return other
-
-    def make(self, kind: str, cfg: EngineConfig, seed: int = 0):
-        a = self.args
-        gen = torch.Generator().manual_seed(seed + 1)
-        if kind == "eagle3":
-            tree = TreeConfig(top_k=a.tree_topk, depth=a.tree_depth, total_tokens=a.tree_tokens)
-            return Eagle3Drafter(self.head, self.lm.model, tree, chain=a.chain, gamma=a.gamma,
-                                 sampling=cfg.sampling, generator=gen)
-        return DraftModelDrafter(self.draft_model, self.lm.model.config.vocab_size, gamma=a.gamma,
-                                 sampling=cfg.sampling, generator=gen)
+        try:
+            return self.drafters.probe
+        except SetupError as e:
+            raise fail(str(e)) from None
 
 
 def load(args) -> LoadedModel:
     """Load the model, turning a load failure into a one-line error instead of a traceback."""
     try:
-        return load_model(args.model, args.dtype, args.device, args.device_map)
+        lm = load_model(args.model, args.dtype, args.device, args.device_map)
     except (ModelLoadError, ValueError) as e:
-        raise SystemExit(f"error: {e}")
+        raise fail(str(e)) from None
+    if lm.dtype != torch.float32:
+        print(LOSSLESS_NOTE.format(dtype=str(lm.dtype).replace("torch.", "")), file=sys.stderr)
+    return lm
 
 
 def resolve_budget(args, lm: LoadedModel) -> tuple[int, str]:
@@ -148,9 +123,9 @@ def resolve_budget(args, lm: LoadedModel) -> tuple[int, str]:
     try:
         b = int(args.budget)
     except ValueError:
-        raise SystemExit(f"error: --budget must be an integer or 'auto', got {args.budget!r}")
+        raise fail(f"--budget must be an integer or 'auto', got {args.budget!r}") from None
     if b < 1:
-        raise SystemExit("error: --budget must be >= 1")
+        raise fail("--budget must be >= 1")
     return b, "flag"
 
 
@@ -159,61 +134,33 @@ def engine_config(args, budget: int) -> EngineConfig:
         return EngineConfig(max_new_tokens=args.max_new_tokens, budget=budget,
                             sampling=SamplingConfig(args.temperature, args.top_k, args.top_p))
     except ValueError as e:
-        raise SystemExit(f"error: {e}")
+        raise fail(str(e)) from None
 
 
 def copy_config(args) -> CopyConfig:
     try:
-        return CopyConfig(kappa=args.kappa, max_candidates=args.copy_candidates, max_draft_len=args.copy_len)
+        return CopyConfig(kappa=args.kappa or _C.kappa, max_candidates=args.copy_candidates,
+                          max_draft_len=args.copy_len)
     except ValueError as e:
-        raise SystemExit(f"error: {e}")
+        raise fail(str(e)) from None
 
 
 def parse_method(spec: str) -> tuple[str, dict]:
-    """'eagle3@chain4' -> ('eagle3', {chain: True, gamma: 4}); 'switchsd@tree4x5x24' -> tree top_k 4, depth 5,
-    24 nodes; '+'-joined extras: 'kN' (copy kappa), 'tX' (probe tau), e.g. 'switchsd@chain1+k3+t0.4'.
-    Lets one bench run compare drafting shapes and gate settings side by side."""
-    import re
-    base, _, var = spec.partition("@")
-    out: dict = {}
-    for part in filter(None, var.split("+")):
-        if m := re.fullmatch(r"chain(\d+)", part):
-            out.update(chain=True, gamma=int(m[1]))
-        elif m := re.fullmatch(r"tree(\d+)x(\d+)x(\d+)", part):
-            out.update(chain=False, tree_topk=int(m[1]), tree_depth=int(m[2]), tree_tokens=int(m[3]))
-        elif m := re.fullmatch(r"k(\d+)", part):
-            out["kappa"] = int(m[1])
-        elif m := re.fullmatch(r"t(\d*\.?\d+)", part):
-            out["tau"] = float(m[1])
-        else:
-            raise SystemExit(f"error: bad method variant {spec!r}: use NAME@chainG or NAME@treeKxDxN, "
-                             "optionally +kN (kappa) +tX (tau)")
-    return base, out
+    try:
+        return _parse_method(spec)
+    except SetupError as e:
+        raise fail(str(e)) from None
 
 
 def build_engine(method: str, lm: LoadedModel, cfg: EngineConfig, copy: CopyConfig,
                  neural: Neural | None = None, seed: int = 0) -> Engine:
-    method, variant = parse_method(method)
-    if "tau" in variant and method not in NEEDS_PROBE:
-        raise SystemExit(f"error: +t (probe tau) only applies to {', '.join(NEEDS_PROBE)}, not {method}")
-    if "kappa" in variant:
-        copy = replace(copy, kappa=variant.pop("kappa"))
-    if variant and neural is not None:
-        neural = neural.with_overrides(variant)
-    if method not in METHODS:
-        raise SystemExit(f"error: unknown method {method!r}; choose from {', '.join(METHODS)}")
-    eos = lm.eos_ids()
-    drafter, probe, tau = None, None, None
-    if neural is not None:
-        kind = {"switchsd": "eagle3", "switchsd-sps": "sps"}.get(method, method if method in NEURAL_METHODS
-                                                                  else neural.args.neural)
-        if method in NEEDS_NEURAL or (method == "copyspec" and neural.available(kind)):
-            drafter = neural.make(kind, cfg, seed)
-        if method in NEEDS_PROBE:
-            probe = neural.probe
-            tau = neural.args.tau if getattr(neural.args, "tau", None) is not None else probe.tau
+    """factory.build_engine with the CLI's flags; setup errors exit with one line."""
+    parse_method(method)
+    n_cfg, g_cfg = neural.configs() if neural is not None else (_N, _G)
     try:
-        policy = build_policy(method, eos, copy, drafter, tau, getattr(neural.args, "bandit_c", 1.0) if neural else 1.0)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}")
-    return Engine(lm.model, policy, cfg, eos, lm.max_length, probe=probe)
+        return _build_engine(method, lm, neural.drafters if neural is not None else Drafters(lm), cfg, copy,
+                             n_cfg, g_cfg, fallback=getattr(neural.args, "neural", "eagle3") if neural else "eagle3",
+                             bandit_c=getattr(neural.args, "bandit_c", 1.0) if neural else 1.0, seed=seed)
+    except SetupError as e:
+        raise fail(str(e)) from None
+

@@ -1,4 +1,5 @@
-"""Frozen configuration objects. Every result records the config that produced it (`asdict`)."""
+"""Frozen configuration objects: the ONE place where defaults are declared. The CLIs, the studio and the docs
+read them from here. Every result records the config that produced it (`asdict`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -55,3 +56,64 @@ class EngineConfig:
         for layer, where in self.capture:
             if where not in ("attn", "mlp"):
                 raise ValueError(f"capture sub-layer must be 'attn' or 'mlp', got {where!r}")
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """EAGLE-2 dynamic tree. top_k = 1 with depth = gamma is a chain."""
+    top_k: int = 4
+    depth: int = 5
+    total_tokens: int = 24   # draft nodes (root excluded), further capped by the engine's budget
+
+    def __post_init__(self):
+        for k in ("top_k", "depth", "total_tokens"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"tree {k} must be >= 1, got {getattr(self, k)}")
+
+
+NEURAL_SHAPES = ("auto", "chain", "tree")
+
+
+@dataclass(frozen=True)
+class NeuralConfig:
+    """How the neural drafter (EAGLE-3 head or SPS draft model) drafts.
+    shape "auto" (default): a chain whose length (0..gamma, 0 = a plain step) the cost model picks every step;
+    "chain": always `gamma` tokens; "tree": the EAGLE-2 dynamic tree `tree`."""
+    shape: str = "auto"
+    gamma: int = 5
+    tree: TreeConfig = field(default_factory=TreeConfig)
+
+    def __post_init__(self):
+        if self.shape not in NEURAL_SHAPES:
+            raise ValueError(f"neural shape must be one of {NEURAL_SHAPES}, got {self.shape!r}")
+        if self.gamma < 1:
+            raise ValueError(f"gamma (chain length) must be >= 1, got {self.gamma}")
+
+
+GATE_MODES = ("cost", "paper")
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """SwitchSD's gate. Copying is plausible iff probe(h) >= tau AND the kappa-gram ending at the current token
+    occurred earlier (`CopyConfig.kappa`). mode "cost" (default): the cost model then picks copy (and its depth),
+    a neural chain (and its length) or a plain step, whichever is expected to commit the most tokens per second
+    on this device; "paper": the fixed dual gate of the paper (eq. 4): copy when plausible, else the neural
+    drafter. `tau` None: the probe's own (F1-optimal) threshold. `explore`: the share of time the cost gate may
+    spend re-trying a drafter it currently deems too slow. `kappa`: the cost gate's kappa-gram (its copy drafter's
+    n-gram too); shorter than the paper's 5 (`CopyConfig.kappa`, which the paper gate keeps) because the cost
+    model, not the n-gram length, now prices a false trigger (dev set: docs/results.md)."""
+    mode: str = "cost"
+    tau: float | None = None
+    explore: float = 0.01
+    kappa: int = 3
+
+    def __post_init__(self):
+        if self.mode not in GATE_MODES:
+            raise ValueError(f"gate mode must be one of {GATE_MODES}, got {self.mode!r}")
+        if self.tau is not None and not (0.0 <= self.tau <= 1.0):
+            raise ValueError(f"tau (probe threshold) must be in [0, 1], got {self.tau}")
+        if not (0.0 < self.explore < 1.0):
+            raise ValueError(f"explore must be in (0, 1), got {self.explore}")
+        if self.kappa < 1:
+            raise ValueError(f"kappa must be >= 1, got {self.kappa}")

@@ -1,8 +1,10 @@
 """The decode loop. One step:
 
-    1. the policy picks drafters (in priority order); the first non-empty draft wins (none: a plain step)
+    1. the policy picks drafters (in priority order) and may cap the draft's depth and rows; the first
+       non-empty draft wins (none: a plain step)
     2. the candidates are merged into a token trie, capped by the verification budget
-    3. ONE target forward verifies every trie node (tree mask + position ids), capturing hidden states
+    3. ONE target forward verifies every trie node (tree mask + position ids), capturing hidden states; where
+       the device's cost curve says a larger forward is cheaper, it is padded with masked rows
     4. the longest accepted path plus the target's bonus token is committed (EOS / max_new_tokens cuts)
     5. the KV cache is rolled back to the committed path; every drafter sees the new tokens
     6. a StepEvent is yielded
@@ -21,7 +23,8 @@ import torch
 from .cache import KVCache
 from .capture import HiddenCapture
 from .config import EngineConfig
-from .drafters.base import Draft, DraftRequest
+from .costs import VerifyCost
+from .drafters.base import Draft, DraftRequest, merge_drafts
 from .events import StepEvent, summarize
 from .policies import Policy, PolicyState
 from .tree import TokenTree, build_tree, tree_mask, tree_positions
@@ -44,8 +47,9 @@ class Generation:
 
 class Engine:
     def __init__(self, model, policy: Policy, cfg: EngineConfig, eos_ids: Sequence[int] = (),
-                 max_length: int | None = None, probe: Probe | None = None):
-        self.model, self.policy, self.cfg, self.probe = model, policy, cfg, probe
+                 max_length: int | None = None, probe: Probe | None = None, cost: VerifyCost | None = None):
+        """`cost`: the device's verification cost curve; verify forwards are padded to its cheapest size."""
+        self.model, self.policy, self.cfg, self.probe, self.cost = model, policy, cfg, probe, cost
         self.eos = set(int(e) for e in eos_ids) if cfg.stop_at_eos else set()
         self.max_length = max_length or int(getattr(model.config, "max_position_embeddings", 1 << 30))
         sites = list(cfg.capture)
@@ -55,7 +59,7 @@ class Engine:
         self.feature_drafters = [d for d in policy.drafters if getattr(d, "sites", ())]
         for d in self.feature_drafters:
             sites += [s for s in d.sites if s not in sites]
-        self.capture = HiddenCapture(model, sites) if sites else None
+        self.capture = HiddenCapture(model, sites, attach=False) if sites else None
 
     @property
     def device(self) -> torch.device:
@@ -67,16 +71,17 @@ class Engine:
 
     # -- one target forward over the verify rows ------------------------------------------------------
     def _forward(self, cache: KVCache, tree: TokenTree) -> torch.Tensor:
-        prefix = len(cache)
-        ids = torch.tensor(tree.tokens, device=self.device)[None]                    # [1, n+1]
-        if tree.is_chain:
+        prefix, n1 = len(cache), len(tree.tokens)
+        pad = self.cost.pad_to(n1, max(n1, self.cfg.budget)) - n1 if self.cost is not None else 0
+        ids = torch.tensor(tree.tokens + [tree.tokens[0]] * pad, device=self.device)[None]    # [1, n+1+pad]
+        if tree.is_chain and not pad:
             mask = None
-            pos = torch.arange(prefix, prefix + len(tree.tokens), device=self.device)[None]
+            pos = torch.arange(prefix, prefix + n1, device=self.device)[None]
         else:
-            mask = tree_mask(tree, prefix, self.model.dtype, self.device)           # [1, 1, n+1, prefix+n+1]
-            pos = tree_positions(tree, prefix, self.device)                          # [1, n+1]
+            mask = tree_mask(tree, prefix, self.model.dtype, self.device, pad)      # [1, 1, m, prefix+m]
+            pos = tree_positions(tree, prefix, self.device, pad)                     # [1, m]
         out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache.hf, use_cache=True)
-        return out.logits[0]                                                         # [n+1, V]
+        return out.logits[0, :n1]                                                    # [n+1, V] (pad rows dropped)
 
     def _prefill(self, cache: KVCache, ids: list[int]) -> None:
         x = torch.tensor(ids, device=self.device)[None]                               # [1, P-1]
@@ -91,8 +96,19 @@ class Engine:
             d.add_features({s: self.capture.last[s][0, rows] for s in d.sites})  # site -> [n_new, d]
 
     # -- the loop --------------------------------------------------------------------------------------
-    @torch.inference_mode()
     def generate(self, prompt_ids: Sequence[int], generator: torch.Generator | None = None) -> Iterator[StepEvent]:
+        """Decode `prompt_ids`, yielding one StepEvent per target forward. Capture hooks are attached to the
+        model only while this generator runs."""
+        if self.capture:
+            self.capture.attach()
+        try:
+            yield from self._generate(prompt_ids, generator)
+        finally:
+            if self.capture:
+                self.capture.close()
+
+    @torch.inference_mode()
+    def _generate(self, prompt_ids: Sequence[int], generator: torch.Generator | None) -> Iterator[StepEvent]:
         cfg, sampling = self.cfg, self.cfg.sampling
         tokens = [int(t) for t in prompt_ids]
         if not tokens:
@@ -120,16 +136,24 @@ class Engine:
             score = None
             if self.probe is not None and hidden is not None:
                 score = float(self.probe.score(hidden[self.probe.site]))
-            drafters, gate = self.policy.select(PolicyState(tokens, step, score))
-            draft, chosen = Draft([]), None
-            if max_len > 0 and cfg.budget > 1:
-                req = DraftRequest(tokens=tokens, max_len=max_len, budget=cfg.budget - 1)
+            drafters, gate = self.policy.select(PolicyState(tokens, step, score, max(max_len, 0), cfg.budget))
+            budget = cfg.budget
+            if gate:   # the policy may cap this step's draft
+                max_len = min(max_len, gate.get("max_len", max_len))
+                budget = max(1, min(budget, gate.get("rows", budget)))
+            draft, parts, owner = Draft([]), [], []
+            if max_len > 0 and budget > 1:
+                req = DraftRequest(tokens=tokens, max_len=max_len, budget=budget - 1)
+                merge = bool(gate and gate.get("merge"))    # verify every drafter's candidates together
                 for d in drafters:
-                    draft = d.propose(req)
-                    if draft:
-                        chosen = d
-                        break
-            tree = build_tree(tokens[-1], draft.candidates, cfg.budget, draft.q, max_depth=max(max_len, 0))
+                    proposal = d.propose(req)
+                    if proposal:
+                        parts.append((d, proposal))
+                        if not merge:
+                            break
+                if parts:
+                    draft, owner = merge_drafts([p for _, p in parts])
+            tree = build_tree(tokens[-1], draft.candidates, budget, draft.q, max_depth=max(max_len, 0))
             t1 = time.perf_counter()
             # 2. verify all candidates in one forward
             prefix = len(cache)
@@ -161,16 +185,19 @@ class Engine:
             timings = {"draft": t1 - t0, "verify": t2 - t1, "total": t2 - t0}
             if step == 0:
                 timings["prefill"] = prefill_s
+            won = next((c for c, cr in enumerate(tree.cand_rows) if rows and cr[:len(rows)] == rows), None)
+            # the drafter credited with the step: the one whose candidate was accepted, else the first
+            chosen = parts[owner[tree.cand_index[won]]][0] if won is not None else parts[0][0] if parts else None
             event = StepEvent(
                 step=step, path=chosen.path if chosen else "vanilla", drafter=chosen.name if chosen else None,
                 candidates=[[tree.tokens[r] for r in cr] for cr in tree.cand_rows],
                 tree_tokens=list(tree.tokens), tree_parents=list(tree.parents), accepted_rows=rows,
                 accepted=[tree.tokens[r] for r in rows[:len(new)]],   # committed draft tokens
-                accepted_candidate=next((c for c, cr in enumerate(tree.cand_rows) if rows and cr[:len(rows)] == rows),
-                                        None),
+                accepted_candidate=won,
+                sources=[parts[owner[i]][0].path for i in tree.cand_index] if len(parts) > 1 else None,
                 bonus=bonus if len(new) == len(rows) + 1 else None,
                 new_tokens=new, position=position, probe_score=score, gate=gate,
-                match=draft.match if chosen else None, timings=timings, finished=finished, hidden=hidden)
+                match=draft.match if parts else None, timings=timings, finished=finished, hidden=hidden)
             self.policy.observe(event)
             yield event
             step += 1

@@ -1,7 +1,7 @@
 """StepEvent: everything one decode step did. Apps, benchmarks and tests consume the same stream.
 
 Definitions (as in the paper's Table 1 and Spec-Bench):
-- tau: committed tokens per target forward, bonus included (vanilla = 1.0); prefill not counted.
+- tok_per_fwd (tokens per forward): committed tokens per target forward, bonus included (vanilla = 1.0); prefill not counted.
 - per path: % of iterations, and MAL = mean accepted *draft* tokens per step of that path (bonus excluded).
 - Tok/s: new tokens / wall time of the whole generation (prefill included).
 """
@@ -33,6 +33,7 @@ class StepEvent:
     timings: dict = field(default_factory=dict)  # seconds: draft, verify, total (+ prefill on step 0)
     finished: str | None = None     # "eos" | "max_new_tokens" | "context_limit" on the last step
     hidden: dict | None = field(default=None, repr=False)  # site -> [d] at the last processed position
+    sources: list[str] | None = None  # path ("copy" | "neural") of each candidate, when several drafters drafted
 
     @property
     def n_verified(self) -> int:
@@ -64,7 +65,7 @@ def summarize(events: Iterable[StepEvent], wall_s: float | None = None) -> dict:
         "new_tokens": n_tokens,
         "steps": steps,
         "target_forwards": steps,
-        "tau": n_tokens / steps if steps else 0.0,
+        "tok_per_fwd": n_tokens / steps if steps else 0.0,
         "wall_s": wall_s,
         "tok_s": n_tokens / wall_s if wall_s > 0 else 0.0,
         "draft_s": sum(e.timings.get("draft", 0.0) for e in events),

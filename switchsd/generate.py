@@ -11,14 +11,16 @@ import sys
 import torch
 
 from .cli_common import (Neural, add_decode_args, add_model_args, add_neural_args, build_engine, copy_config,
-                         engine_config, load, resolve_budget)
+                         engine_config, load, parse_method, resolve_budget)
 from .events import hidden_to_list
 from .methods import METHODS
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--method", default="copy", choices=METHODS)
+    ap.add_argument("--method", default="switchsd",
+                    help=f"one of {', '.join(METHODS)}, optionally with a variant (NAME@chainG, NAME@treeKxDxN, "
+                         "+kN, +tX) as in the benchmark")
     ap.add_argument("--prompt", default=None, help="prompt text (or '-' / omitted: read stdin)")
     ap.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     ap.add_argument("--seed", type=int, default=0)
@@ -28,6 +30,7 @@ def main(argv=None) -> None:
     add_decode_args(ap)
     add_neural_args(ap)
     args = ap.parse_args(argv)
+    parse_method(args.method)
     prompt = args.prompt if args.prompt not in (None, "-") else sys.stdin.read()
     if not prompt.strip():
         ap.error("the prompt is empty")

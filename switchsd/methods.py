@@ -3,22 +3,40 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .config import CopyConfig
+from .config import CopyConfig, GateConfig, NeuralConfig
+from .costs import VerifyCost
 from .drafters.base import Drafter
 from .drafters.copy import CopyDrafter, CopySpecDrafter, PLDDrafter
-from .policies import BanditSpec, Fixed, Policy, SwitchSD
+from .policies import BanditSpec, CostAware, Fixed, Policy, SwitchSD
 
-METHODS = ("vanilla", "copy", "pld", "copyspec", "eagle3", "sps", "switchsd", "switchsd-sps", "banditspec")
+METHODS = ("vanilla", "copy", "pld", "copyspec", "eagle3", "sps", "switchsd", "switchsd-paper", "switchsd-sps",
+           "switchsd-sps-paper", "banditspec")
 NEURAL_METHODS = ("eagle3", "sps")
-NEEDS_NEURAL = ("eagle3", "sps", "switchsd", "switchsd-sps", "banditspec")
-NEEDS_PROBE = ("switchsd", "switchsd-sps")
+NEEDS_NEURAL = ("eagle3", "sps", "switchsd", "switchsd-paper", "switchsd-sps", "switchsd-sps-paper", "banditspec")
+NEEDS_PROBE = ("switchsd", "switchsd-paper", "switchsd-sps", "switchsd-sps-paper")
+# a verification curve for when none is known: every forward costs the same (verification is free: a big GPU)
+FREE = VerifyCost({1: 1.0}, source="flat")
+
+
+def uses_cost_gate(method: str, neural: NeuralConfig, gate: GateConfig) -> bool:
+    """SwitchSD with the cost gate, and a neural method whose shape the cost model picks (`shape` auto)."""
+    if method in ("switchsd", "switchsd-sps"):
+        return gate.mode == "cost"
+    return method in NEURAL_METHODS and neural.shape == "auto"
 
 
 def build_policy(method: str, eos_ids: Sequence[int] = (), copy: CopyConfig = CopyConfig(),
-                 neural: Drafter | None = None, tau: float | None = None, bandit_c: float = 1.0) -> Policy:
+                 neural: Drafter | None = None, tau: float | None = None, bandit_c: float = 1.0,
+                 *, neural_cfg: NeuralConfig | None = None, gate: GateConfig = GateConfig(),
+                 cost: VerifyCost | None = None) -> Policy:
     """`neural`: the neural drafter (EAGLE3 head or SPS draft model) for methods that use one.
     copyspec falls back to it when its 3-gram does not match (plain steps when it is None).
-    `tau`: the probe threshold of the SwitchSD gate (the engine scores the probe)."""
+    `tau`: the probe threshold of the SwitchSD gate (the engine scores the probe); `gate.mode` picks the cost
+    gate (default) or the paper's fixed dual gate; `cost`: the device's verification cost curve."""
+    return _build(method, eos_ids, copy, neural, tau, bandit_c, neural_cfg or NeuralConfig(), gate, cost or FREE)
+
+
+def _build(method, eos_ids, copy, neural, tau, bandit_c, neural_cfg, gate, cost) -> Policy:
     if method == "vanilla":
         return Fixed([])
     if method == "copy":
@@ -27,10 +45,12 @@ def build_policy(method: str, eos_ids: Sequence[int] = (), copy: CopyConfig = Co
         return Fixed([PLDDrafter(max_ngram=2, num_tokens=10, eos_ids=eos_ids)])
     if method == "copyspec":
         return Fixed([CopySpecDrafter(gamma=3, num_tokens=10)] + ([neural] if neural is not None else []))
-    if method in ("switchsd", "switchsd-sps"):
+    if method in NEEDS_PROBE:
         if tau is None:
             raise ValueError(f"method {method!r} needs a copy-intent probe (--probe FILE)")
-        return SwitchSD(CopyDrafter(copy), neural, tau)
+        if method.endswith("-paper") or gate.mode == "paper":
+            return SwitchSD(CopyDrafter(copy), neural, tau)
+        return CostAware(CopyDrafter(copy), neural, tau, cost, gate.explore)
     if method == "banditspec":
         if neural is None:
             raise ValueError("method 'banditspec' needs a neural drafter (--eagle HEAD)")
@@ -39,5 +59,7 @@ def build_policy(method: str, eos_ids: Sequence[int] = (), copy: CopyConfig = Co
         if neural is None:
             raise ValueError(f"method {method!r} needs a neural drafter "
                              f"({'--eagle HEAD' if method == 'eagle3' else '--draft MODEL'})")
+        if uses_cost_gate(method, neural_cfg, gate):
+            return CostAware(None, neural, None, cost, gate.explore)
         return Fixed([neural])
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")

@@ -1,8 +1,10 @@
 """Policies choose which drafter(s) to try at each step; the engine uses the first non-empty draft.
 
 `select` receives the decode state (committed tokens, the probe score of the last processed position when a
-probe is loaded) and returns drafters in priority order plus a `gate` dict that explains the decision
-(shown in events and the app). An empty list means a plain (vanilla) step.
+probe is loaded, the step's length and row limits) and returns drafters in priority order plus a `gate` dict
+that explains the decision (shown in events and the app). An empty list means a plain (vanilla) step.
+A gate may also cap the step: `gate["max_len"]` (deepest draft token) and `gate["rows"]` (verify rows, the
+pending row included); the engine applies both.
 """
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from .drafters.base import Drafter
+from .costs import EmaTimer, Survival, VerifyCost
+from .drafters.base import Drafter, DraftRequest
 
 
 @dataclass
@@ -18,6 +21,8 @@ class PolicyState:
     tokens: Sequence[int]
     step: int
     probe_score: float | None = None
+    max_len: int = 1 << 30         # deepest draft token the engine can verify this step
+    rows: int = 1 << 30            # verify rows available (pending row included)
 
 
 class Policy(Protocol):
@@ -95,3 +100,144 @@ class BanditSpec:
         self.r_max = max(self.r_max, r)
         self.arms[arm][0] += 1
         self.arms[arm][1] += r
+
+
+class CostAware:
+    """SwitchSD's default gate: the paper's probe AND kappa-gram rule says when copying is plausible; a cost model
+    decides what runs. Every step it scores each option by expected committed tokens per second,
+
+        (1 + expected accepted draft tokens) / (verify ms of its rows + the drafter's own ms),
+
+    over: a plain step; the copy trie cut at each depth d (when plausible); a neural chain of each length
+    1..gamma (or the configured tree). Expected acceptance is learnt online per path (`Survival`), for the
+    copy path per probe-score bucket; verify ms come from the device's calibrated curve (`VerifyCost`, padded
+    envelope), rescaled by what the verify forwards actually take; drafter ms are measured (`EmaTimer`).
+    When the best option is a plain step, the neural drafter is re-tried (chain 1) once every K plain steps,
+    K chosen so that such probes cost at most `explore` of the time. Lossless: it only chooses drafts."""
+
+    def __init__(self, copy, neural, tau: float | None, cost: VerifyCost, explore: float = 0.01,
+                 buckets: int = 4):
+        self.copy, self.neural, self.cost, self.explore = copy, neural, cost, float(explore)
+        self.tau = None if tau is None else float(tau)
+        self.drafters = [d for d in (copy, neural) if d is not None]
+        lo = self.tau if self.tau is not None else 0.0
+        self.edges = [lo + (1 - lo) * i / buckets for i in range(1, buckets)]
+        self.copy_acc = [Survival(prior=0.7, weight=2.0) for _ in range(buckets)]
+        self.neural_acc = Survival(prior=0.4, weight=2.0)
+        base = cost.ms(1)
+        self.copy_ms = EmaTimer(guess_ms=0.002 * base)
+        self.neural_ms = EmaTimer(guess_ms=0.05 * base)
+        self.scale = 1.0                     # measured verify time / calibrated curve
+        self.plain_run = 0                   # plain steps since the neural drafter last ran
+        self._chosen: dict = {}
+
+    # -- options ---------------------------------------------------------------------------------------------
+    def _verify_ms(self, rows: int, limit: int) -> float:
+        return self.scale * self.cost.ms(rows, limit)
+
+    def _neural_shapes(self, max_len: int, rows: int) -> list[tuple[int, int]]:
+        """(depth, verify rows) of each neural shape on offer."""
+        d = self.neural
+        tree = getattr(d, "tree", None)
+        if tree is not None and not getattr(d, "chain", True) and tree.top_k > 1:
+            return [(min(tree.depth, max_len), min(tree.total_tokens + 1, rows))]
+        g = min(getattr(d, "gamma", 1), max_len, rows - 1)
+        return [(n, n + 1) for n in range(1, g + 1)]
+
+    def _copy_draft(self, state: PolicyState, limit: int) -> list[tuple[int, int]]:
+        """(depth, trie rows) of the copy trie cut at each depth (empty: nothing to copy)."""
+        draft = self.copy.propose(DraftRequest(tokens=state.tokens, max_len=state.max_len, budget=limit - 1))
+        if not draft:
+            return []
+        out, prefixes = [], set()
+        for d in range(1, max(len(c) for c in draft.candidates) + 1):
+            prefixes.update(tuple(c[:d]) for c in draft.candidates if len(c) >= d)
+            out.append((d, min(1 + len(prefixes), limit)))
+        return out
+
+    @staticmethod
+    def _reach(acc: Survival, depth: int) -> list[float]:
+        """P(at least i draft tokens accepted), i = 1..depth."""
+        out, run = [], 1.0
+        for i in range(1, depth + 1):
+            run *= acc.p(i)
+            out.append(run)
+        return out
+
+    def select(self, state: PolicyState) -> tuple[list, dict]:
+        limit = max(1, state.rows)
+        score, tau = state.probe_score, self.tau
+        match = self.copy is not None and self.copy.has_match(state.tokens)
+        plausible = match and score is not None and tau is not None and score >= tau
+        bucket = sum(score >= e for e in self.edges) if plausible else None
+        V = lambda rows: self._verify_ms(rows, limit)            # noqa: E731
+        # option: (expected tokens per ms, choice, copy depth, neural depth, verify rows)
+        options = [(1.0 / V(1), "plain", 0, 0, 1)]
+        copy_cuts = self._copy_draft(state, limit) if plausible and state.max_len > 0 and limit > 1 else []
+        shapes = self._neural_shapes(state.max_len, limit) if self.neural is not None and state.max_len > 0 \
+            and limit > 1 else []
+        c_ms = self.copy_ms.get(1)
+        c_reach = self._reach(self.copy_acc[bucket], len(copy_cuts)) if copy_cuts else []
+        for d, rows in copy_cuts:
+            options.append(((1 + sum(c_reach[:d])) / (V(rows) + c_ms), "copy", d, 0, rows))
+        for g, rows in shapes:
+            n_reach = self._reach(self.neural_acc, g)
+            n_ms = self.neural_ms.get(g)
+            options.append(((1 + sum(n_reach)) / (V(rows) + n_ms), "neural", 0, g, rows))
+            for d, c_rows in copy_cuts:    # both drafts in one verify forward (independent misses)
+                both = [1 - (1 - (c_reach[i] if i < d else 0.0)) * (1 - (n_reach[i] if i < g else 0.0))
+                        for i in range(max(d, g))]
+                rows_b = min(c_rows + rows - 1, limit)
+                options.append(((1 + sum(both)) / (V(rows_b) + c_ms + n_ms), "copy+neural", d, g, rows_b))
+        best = max(options, key=lambda o: o[0])
+        explore = False
+        if best[1] == "plain" and shapes:
+            self.plain_run += 1
+            probe_cost = (V(2) + self.neural_ms.get(1)) / V(1) - 1
+            if self.plain_run >= min(500, max(4, probe_cost / self.explore)):
+                best = next(o for o in options if o[1] == "neural" and o[3] == 1)
+                explore, self.plain_run = True, 0
+        value, choice, d, g, rows = best
+        self._chosen = {"choice": choice, "bucket": bucket}
+        top = sorted(options, key=lambda o: -o[0])[:4]
+        gate = {"mode": "cost", "probe": score, "tau": tau, "kgram_match": match, "copy": plausible,
+                "choice": choice, "copy_depth": d, "neural_depth": g, "explore": explore,
+                "expected_tok_s": {f"{c} {cd}/{ng}": round(1000 * v, 1) for v, c, cd, ng, _ in top},
+                "max_len": max(d, g), "rows": rows, "merge": choice == "copy+neural"}
+        drafters = {"plain": [], "copy": [self.copy], "neural": [self.neural],
+                    "copy+neural": [self.copy, self.neural]}[choice]
+        return drafters, gate
+
+    # -- learning --------------------------------------------------------------------------------------------
+    def observe(self, event) -> None:
+        rows = len(event.tree_tokens)
+        verify_ms = 1000 * event.timings.get("verify", 0.0)
+        if verify_ms > 0:
+            ratio = verify_ms / self.cost.ms(rows)
+            self.scale = 0.9 * self.scale + 0.1 * min(max(ratio, 0.2), 5.0)
+        if not event.candidates:
+            return
+        draft_ms = 1000 * event.timings.get("draft", 0.0)
+        sources = event.sources or [event.path] * len(event.candidates)
+        got = event.accepted_rows and [event.tree_tokens[r] for r in event.accepted_rows]
+        for path in set(sources):
+            cands = [c for c, s in zip(event.candidates, sources) if s == path]
+            depth = max(len(c) for c in cands)
+            acc = max(_common(c, got or []) for c in cands)
+            if path == "copy":
+                b = self._chosen.get("bucket")
+                self.copy_acc[b if b is not None else -1].update(depth, acc)
+                self.copy_ms.add(1, draft_ms if len(set(sources)) == 1 else 0.1 * draft_ms)
+            elif path == "neural":
+                self.neural_acc.update(depth, acc)
+                self.neural_ms.add(depth, draft_ms)
+                self.plain_run = 0
+
+
+def _common(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

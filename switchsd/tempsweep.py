@@ -106,7 +106,7 @@ def temperature(args) -> None:
         base = statistics.mean(r["tok_s"] for r in recs["vanilla"])
         speed[str(T)] = {m: {"tok_s": statistics.mean(r["tok_s"] for r in rs),
                              "speedup": statistics.mean(r["tok_s"] for r in rs) / base,
-                             "tau": sum(r["new_tokens"] for r in rs) / sum(r["steps"] for r in rs)}
+                             "tok_per_fwd": sum(r["new_tokens"] for r in rs) / sum(r["steps"] for r in rs)}
                          for m, rs in recs.items()}
     bar.close()
     out = Path(args.out)
@@ -136,7 +136,7 @@ def temperature(args) -> None:
 def _table(temps, methods, speed, dist) -> list[str]:
     lines = ["| method | " + " | ".join(f"T={t}" for t in temps) + " |", "|---|" + "---|" * len(temps)]
     for m in methods:
-        lines.append(f"| {m} | " + " | ".join(f"{speed[str(t)][m]['speedup']:.2f}x (tau {speed[str(t)][m]['tau']:.2f})"
+        lines.append(f"| {m} | " + " | ".join(f"{speed[str(t)][m]['speedup']:.2f}x ({speed[str(t)][m]['tok_per_fwd']:.2f} tok/fwd)"
                                                for t in temps) + " |")
     if dist:
         lines += ["", "| method | " + " | ".join(f"T={t} p (same-seed equal)" for t in dist) + " |",

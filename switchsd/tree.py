@@ -23,6 +23,7 @@ class TokenTree:
     children: list[list[int]]      # [n+1] child rows in priority order
     q: list[torch.Tensor | None] = field(default_factory=list)  # [n+1] draft dist the node's token came from
     cand_rows: list[list[int]] = field(default_factory=list)   # rows of each (kept) candidate
+    cand_index: list[int] = field(default_factory=list)        # index in the input of each kept candidate
 
     @property
     def n_nodes(self) -> int:
@@ -74,26 +75,33 @@ def build_tree(pending: int, candidates: Sequence[Sequence[int]], budget: int,
             rows.append(row)
         if rows:
             tree.cand_rows.append(rows)
+            tree.cand_index.append(ci)
     return tree
 
 
-def tree_mask(tree: TokenTree, prefix_len: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """Additive 4-D attention mask [1, 1, n+1, prefix_len + n+1]: 0 = visible, dtype-min = hidden.
+def tree_mask(tree: TokenTree, prefix_len: int, dtype: torch.dtype, device, pad: int = 0) -> torch.Tensor:
+    """Additive 4-D attention mask [1, 1, m, prefix_len + m] (m = n+1+pad): 0 = visible, dtype-min = hidden.
 
-    Every row sees the whole cached prefix, its ancestors and itself — never other branches.
+    Every row sees the whole cached prefix, its ancestors and itself — never other branches. `pad` extra rows
+    (filler that makes the forward cheaper on some devices) see the prefix and themselves, and no real row
+    sees them, so the real rows' outputs are those of the unpadded forward.
     """
     n1 = len(tree.tokens)
-    anc = torch.zeros(n1, n1, dtype=torch.bool)
+    m = n1 + pad
+    anc = torch.zeros(m, m, dtype=torch.bool)
     for r in range(n1):  # parents come before children, so anc[parent] is complete
         if tree.parents[r] >= 0:
             anc[r] = anc[tree.parents[r]]
         anc[r, r] = True
-    visible = torch.cat([torch.ones(n1, prefix_len, dtype=torch.bool), anc], dim=1)
-    mask = torch.zeros(n1, prefix_len + n1, dtype=dtype)
+    for r in range(n1, m):
+        anc[r, r] = True
+    visible = torch.cat([torch.ones(m, prefix_len, dtype=torch.bool), anc], dim=1)
+    mask = torch.zeros(m, prefix_len + m, dtype=dtype)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
     return mask.to(device)[None, None]
 
 
-def tree_positions(tree: TokenTree, prefix_len: int, device) -> torch.Tensor:
-    """Position ids [1, n+1]: the pending token sits at `prefix_len`, a node at prefix_len + depth."""
-    return (torch.tensor(tree.depths, dtype=torch.long) + prefix_len).to(device)[None]
+def tree_positions(tree: TokenTree, prefix_len: int, device, pad: int = 0) -> torch.Tensor:
+    """Position ids [1, n+1+pad]: the pending token sits at `prefix_len`, a node at prefix_len + depth
+    (pad rows at prefix_len)."""
+    return (torch.tensor(tree.depths + [0] * pad, dtype=torch.long) + prefix_len).to(device)[None]

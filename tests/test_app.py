@@ -58,7 +58,7 @@ def test_api_generation_streams_and_errors(server):
     from gradio_client import Client
     c = Client(server.url, verbose=False)
     args = ('Repeat this JSON exactly: {"a": 1, "b": "<script>x</script>", "c": [1, 2, 3]}', "copy", 0.0, 64, True,
-            False, 0.5, 5, 10, 20, 0)
+            False, 0.5, 5, 10, 20, 0, "auto")
     outs = list(c.submit(*args, api_name="/generate"))
     assert len(outs) >= 3, "the generation streams several updates"
     final_html, status = outs[-1][0], outs[-1][1]
@@ -77,7 +77,7 @@ def test_api_stop_cancels(server):
     from gradio_client import Client
     c = Client(server.url, verbose=False)
     job = c.submit("Write a long story about a dragon.", "vanilla", 0.0, 1024, True, False, 0.5, 5, 10, 20, 0,
-                   api_name="/generate")
+                   "auto", api_name="/generate")
     time.sleep(6)
     job.cancel()
     t0 = time.time()
@@ -96,13 +96,14 @@ def test_api_race_returns_three_lossless_lanes(server):
     if Resources().default_method() != "switchsd":
         pytest.skip("the race needs the shipped EAGLE3 head and probe")
     c = Client(server.url, verbose=False)
-    outs = list(c.submit("Repeat exactly: alpha beta gamma delta epsilon zeta eta theta iota kappa.", 24, True, False,
-                         api_name="/race"))
+    outs = list(c.submit("Repeat exactly: alpha beta gamma delta epsilon zeta eta theta iota kappa.", 24, True, True,
+                         "float32", api_name="/race"))
     lanes, status = outs[-1][0], outs[-1][1]
-    assert lanes.count('class="ssd-lane"') == 3
-    for m in ("switchsd", "eagle3", "copyspec"):
+    assert lanes.count('class="ssd-lane"') == 4, "the vanilla lane is shown by default"
+    for m in ("vanilla", "switchsd", "eagle3", "copyspec"):
         assert f'data-lane="{m}"' in lanes
-    assert lanes.count("lossless ✓") == 3, "fp32, T=0: every lane equals vanilla"
+    assert lanes.count("lossless ✓ equal to vanilla") == 3, "float32, T=0: every lane equals vanilla"
+    assert lanes.count("x vanilla") == 3, "each lane shows its speedup over vanilla"
     assert "replay" in status
 
 

@@ -59,18 +59,21 @@ def test_aggregate_counts_identity_and_paths():
             {"id": "b", "token_ids": [3], "stats": stats(20.0, {"vanilla": {"steps": 5, "accepted": 0}})}]
     s = aggregate(recs, {"a": [1, 2], "b": [4]})
     assert s["identical"] == 1 and s["n"] == 2
-    assert s["tok_s"] == pytest.approx(15.0) and s["tau"] == pytest.approx(2.0)
+    assert s["tok_s"] == pytest.approx(15.0) and s["tok_per_fwd"] == pytest.approx(2.0)
     assert s["paths"]["copy"] == {"pct": pytest.approx(20.0), "mal": pytest.approx(3.0), "zero_accept": 0.5}
 
 
 def test_method_variants_parse():
     from switchsd.cli_common import parse_method
     assert parse_method("eagle3") == ("eagle3", {})
-    assert parse_method("eagle3@chain4") == ("eagle3", {"chain": True, "gamma": 4})
+    assert parse_method("eagle3@chain4") == ("eagle3", {"shape": "chain", "gamma": 4})
     assert parse_method("switchsd@tree2x3x6+k3+t0.4") == (
-        "switchsd", {"chain": False, "tree_topk": 2, "tree_depth": 3, "tree_tokens": 6, "kappa": 3, "tau": 0.4})
+        "switchsd", {"shape": "tree", "tree": (2, 3, 6), "kappa": 3, "tau": 0.4})
+    assert parse_method("switchsd+k3") == ("switchsd", {"kappa": 3})
     with pytest.raises(SystemExit, match="bad method variant"):
         parse_method("switchsd@chain")
+    with pytest.raises(SystemExit, match="unknown method"):
+        parse_method("nope@chain2")
 
 
 def test_tau_variant_is_refused_where_no_probe_reads_it():

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from helpers import repetitive_prompt, random_prompt, greedy_reference
-from switchsd.config import CopyConfig, EngineConfig
+from switchsd.config import CopyConfig, EngineConfig, NeuralConfig
 from switchsd.drafters.base import DraftRequest
 from switchsd.drafters.copy import CopyDrafter
 from switchsd.drafters.eagle3 import Eagle3Drafter, TreeConfig
@@ -127,7 +127,8 @@ def test_loader_missing_folder_is_clear(target):
 
 def eagle_engine(target, head, chain, budget=16, max_new=30, method="eagle3", **tree):
     drafter = Eagle3Drafter(head, target, TreeConfig(**tree) if tree else TreeConfig(), chain=chain, gamma=4)
-    policy = build_policy(method, (), CopyConfig(), drafter)
+    policy = build_policy(method, (), CopyConfig(), drafter,       # the drafter's own shape, every step
+                          neural_cfg=NeuralConfig(shape="chain" if chain else "tree"))
     return Engine(target, policy, EngineConfig(max_new_tokens=max_new, budget=budget, stop_at_eos=False), ())
 
 

@@ -105,4 +105,4 @@ def test_oracle_accepts_everything(tiny_model):
     assert res.token_ids == want
     for e in res.events:
         assert len(e.accepted) == len(e.tree_tokens) - 1, "the oracle's drafts are all accepted at T=0"
-    assert res.stats["tau"] == pytest.approx(30 / len(res.events)) and res.stats["tau"] > 7
+    assert res.stats["tok_per_fwd"] == pytest.approx(30 / len(res.events)) and res.stats["tok_per_fwd"] > 7

@@ -6,7 +6,7 @@ indices stay current and neural drafters can catch up lazily.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
 import torch
@@ -29,7 +29,23 @@ class DraftRequest:
     tokens: Sequence[int]          # committed tokens, pending token last
     max_len: int                   # deepest candidate the engine will verify
     budget: int                    # tree rows available (pending row excluded)
-    extra: dict = field(default_factory=dict)
+
+
+def merge_drafts(drafts: Sequence[Draft]) -> tuple[Draft, list[int]]:
+    """Several drafters' candidates verified in one tree (earlier drafts first); returns the merged draft and,
+    per candidate, the index of the draft it came from. Point masses (q None) and sampled tokens may mix:
+    the acceptance rule treats every child by its own q."""
+    if len(drafts) == 1:
+        return drafts[0], [0] * len(drafts[0].candidates)
+    cands, qs, owner = [], [], []
+    for i, d in enumerate(drafts):
+        for c, cand in enumerate(d.candidates):
+            cands.append(list(cand))
+            qs.append(list(d.q[c]) if d.q is not None else [None] * len(cand))
+            owner.append(i)
+    any_q = any(q is not None for row in qs for q in row)
+    match = next((d.match for d in drafts if d.match), None)
+    return Draft(cands, q=qs if any_q else None, match=match), owner
 
 
 @runtime_checkable

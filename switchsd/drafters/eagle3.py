@@ -12,23 +12,14 @@ draft. Draft-time K/V (from the head's own outputs) are temporary and dropped af
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from ..config import SamplingConfig
+from ..config import SamplingConfig, TreeConfig
 from ..verify import target_probs
 from .base import Draft, DraftRequest
 from .eagle3_model import Eagle3Head
-
-
-@dataclass(frozen=True)
-class TreeConfig:
-    """EAGLE-2 dynamic tree. top_k = 1 with depth = gamma is a chain."""
-    top_k: int = 4
-    depth: int = 5
-    total_tokens: int = 24   # draft nodes (root excluded), further capped by the engine's budget
 
 
 class Eagle3Drafter:

@@ -1,0 +1,124 @@
+"""What a step costs and what it is expected to yield, on the device the engine runs on.
+
+- `VerifyCost`: the calibrated cost of one target forward over n rows (`python -m switchsd.calibrate`). The
+  raw curve is not monotone on every device (float32 MKL here: 2-3 rows cost more than 4-8), so the engine pads
+  a verify forward with masked rows up to the cheapest size at or above it (`pad_to`), and decisions use the
+  curve's monotone envelope (`ms`), which padding makes real.
+- `Survival`: online acceptance estimate of one drafting path: P(token i accepted | tokens < i accepted), per
+  draft position, from decayed counts with a prior. `expected(d)` = expected accepted tokens of a d-deep draft.
+- `EmaTimer`: a drafter's own measured cost per draft length.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """`curve_ms`: {rows: ms} of one forward over `rows` new tokens on a cached prefix (rows >= 1)."""
+    curve_ms: dict[int, float]
+    source: str = ""
+    pad_gain: float = 0.03      # pad only when the padded forward is at least 3% cheaper
+
+    def __post_init__(self):
+        if not self.curve_ms or min(self.curve_ms) != 1:
+            raise ValueError("a verification cost curve needs its one-row point")
+        if any(not (v > 0 and math.isfinite(v)) for v in self.curve_ms.values()):
+            raise ValueError("verification costs must be positive and finite")
+
+    @property
+    def points(self) -> list[int]:
+        return sorted(self.curve_ms)
+
+    def raw(self, n: int) -> float:
+        """Measured cost, linear between measured points and beyond the last one."""
+        pts = self.points
+        if n in self.curve_ms:
+            return self.curve_ms[n]
+        if n > pts[-1]:
+            a, b = (pts[-2], pts[-1]) if len(pts) > 1 else (pts[-1], pts[-1])
+            slope = (self.curve_ms[b] - self.curve_ms[a]) / (b - a) if b > a else 0.0
+            return self.curve_ms[b] + max(slope, 0.0) * (n - b)
+        lo = max(p for p in pts if p < n)
+        hi = min(p for p in pts if p > n)
+        w = (n - lo) / (hi - lo)
+        return (1 - w) * self.curve_ms[lo] + w * self.curve_ms[hi]
+
+    def pad_to(self, n: int, limit: int | None = None) -> int:
+        """The row count to run a forward of n rows at: the cheapest measured size m >= n (m <= limit)."""
+        best, best_ms = n, self.raw(n)
+        for m in self.points:
+            if n < m <= (limit or m) and self.raw(m) < best_ms * (1 - self.pad_gain):
+                best, best_ms = m, self.raw(m)
+        return best
+
+    def ms(self, n: int, limit: int | None = None) -> float:
+        """Cost of verifying n rows, for decisions: the monotone envelope of the curve (min over sizes >= n),
+        which padding makes real (up to the `pad_gain` margin)."""
+        return min([self.raw(n)] + [self.raw(m) for m in self.points if n < m <= (limit or m)])
+
+
+@dataclass
+class Survival:
+    """Per-position acceptance of one drafting path. `p(i)` = P(draft token i accepted | tokens < i were),
+    estimated as (successes + weight * prior) / (trials + weight); counts decay by `decay` per update so
+    the estimate follows the text. Position 1 is the first draft token."""
+    prior: float = 0.5
+    weight: float = 2.0
+    decay: float = 0.98
+    trials: list[float] = field(default_factory=list)
+    hits: list[float] = field(default_factory=list)
+    updates: int = 0
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """One verified draft: `drafted` = its depth, `accepted` = tokens accepted (<= drafted)."""
+        self.trials = [t * self.decay for t in self.trials]
+        self.hits = [h * self.decay for h in self.hits]
+        while len(self.trials) < drafted:
+            self.trials.append(0.0)
+            self.hits.append(0.0)
+        for i in range(min(drafted, accepted + 1)):    # position i+1 was tried iff all before it were accepted
+            self.trials[i] += 1.0
+            if i < accepted:
+                self.hits[i] += 1.0
+        self.updates += 1
+
+    def p(self, i: int) -> float:
+        """Conditional acceptance of position i (1-based). Unseen deep positions borrow the deepest estimate."""
+        j = min(i, len(self.trials)) - 1
+        if j < 0:
+            return self.prior
+        return (self.hits[j] + self.weight * self.prior) / (self.trials[j] + self.weight)
+
+    def expected(self, depth: int) -> float:
+        """Expected accepted tokens of a `depth`-deep draft: sum over i <= depth of prod_{j <= i} p(j)."""
+        total, run = 0.0, 1.0
+        for i in range(1, depth + 1):
+            run *= self.p(i)
+            total += run
+        return total
+
+    def seen(self) -> float:
+        return self.trials[0] if self.trials else 0.0
+
+
+@dataclass
+class EmaTimer:
+    """Exponential moving average of a drafter's cost (ms) per draft length; unseen lengths are scaled
+    from the nearest measured one (cost proportional to length: an upper bound for batched catch-up)."""
+    alpha: float = 0.2
+    ms: dict[int, float] = field(default_factory=dict)
+    guess_ms: float = 0.0
+
+    def add(self, length: int, ms: float) -> None:
+        old = self.ms.get(length)
+        self.ms[length] = ms if old is None else (1 - self.alpha) * old + self.alpha * ms
+
+    def get(self, length: int) -> float:
+        if length in self.ms:
+            return self.ms[length]
+        if not self.ms:
+            return self.guess_ms * length
+        near = min(self.ms, key=lambda k: abs(k - length))
+        return self.ms[near] * length / near

@@ -1,0 +1,179 @@
+"""One factory: method name + configs -> an Engine. The CLIs, the benchmark and the studio all build here.
+
+    drafters = Drafters(lm)                      # loads the EAGLE-3 head / draft model / probe once, lazily
+    engine = build_engine("switchsd", lm, drafters)            # every default from switchsd.config
+    engine = build_engine("eagle3@chain3", lm, drafters, EngineConfig(max_new_tokens=256))
+
+Method names may carry variants (`NAME@chainG`, `NAME@treeKxDxN`, `+kN` copy kappa, `+tX` probe tau) so one
+benchmark run compares shapes and gate settings side by side. Errors are `SetupError` (a ValueError) with a
+message meant for the user; the CLIs print it, the studio shows it.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from .calibrate import device_cost
+from .config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, TreeConfig
+from .costs import VerifyCost
+from .drafters.draft_model import DraftModelDrafter
+from .drafters.eagle3 import Eagle3Drafter
+from .drafters.eagle3_model import Eagle3LoadError, load_eagle3
+from .engine import Engine
+from .methods import METHODS, NEEDS_NEURAL, NEEDS_PROBE, NEURAL_METHODS, build_policy, uses_cost_gate
+from .models import DEFAULT_MODEL, LoadedModel, ModelLoadError, load_model
+from .probe import ProbeError, load_probe
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_HEADS = {DEFAULT_MODEL: ROOT / "assets" / "eagle3-smollm2-135m"}
+DEFAULT_PROBES = {DEFAULT_MODEL: ROOT / "probes" / "smollm2-135m-instruct.safetensors"}
+
+
+class SetupError(ValueError):
+    """A method cannot be built as asked (unknown name, missing drafter or probe, bad variant)."""
+
+
+class Drafters:
+    """The neural drafters' weights and the probe of one target model, loaded once on first use.
+    `eagle` / `probe`: a path or HF id, or "auto" for the file shipped for the model; `draft`: an SPS model."""
+
+    def __init__(self, lm: LoadedModel, eagle: str | None = "auto", draft: str | None = None,
+                 probe: str | None = "auto"):
+        self.lm, self.eagle, self.draft, self.probe_name = lm, eagle or "auto", draft, probe or "auto"
+        self._loaded: dict = {}
+
+    def _shipped(self, name: str, defaults: dict, what: str, flag: str) -> str:
+        if name != "auto":
+            return name
+        path = defaults.get(self.lm.name)
+        if path is None or not path.exists():
+            raise SetupError(f"no shipped {what} for {self.lm.name}; pass --{flag} FILE")
+        return str(path)
+
+    def available(self, kind: str) -> bool:
+        if kind == "sps":
+            return bool(self.draft)
+        default = DEFAULT_HEADS.get(self.lm.name)
+        return self.eagle != "auto" or (default is not None and default.exists())
+
+    @property
+    def head(self):
+        if "head" not in self._loaded:
+            try:
+                self._loaded["head"] = load_eagle3(self._shipped(self.eagle, DEFAULT_HEADS, "EAGLE3 head", "eagle"),
+                                                   self.lm.model)
+            except Eagle3LoadError as e:
+                raise SetupError(str(e)) from None
+        return self._loaded["head"]
+
+    @property
+    def draft_model(self):
+        if "draft" not in self._loaded:
+            if not self.draft:
+                raise SetupError("method sps needs --draft MODEL (a small model sharing the tokenizer)")
+            try:
+                self._loaded["draft"] = load_model(self.draft, self.lm.dtype, str(self.lm.device)).model
+            except (ModelLoadError, ValueError) as e:
+                raise SetupError(str(e)) from None
+        return self._loaded["draft"]
+
+    @property
+    def probe(self):
+        if "probe" not in self._loaded:
+            try:
+                self._loaded["probe"] = load_probe(self._shipped(self.probe_name, DEFAULT_PROBES, "probe", "probe"),
+                                                   self.lm.model)
+            except ProbeError as e:
+                raise SetupError(str(e)) from None
+        return self._loaded["probe"]
+
+    def make(self, kind: str, neural: NeuralConfig, sampling, seed: int = 0, cost_gate: bool = False):
+        """A fresh drafter (own caches). Shape "auto": a gamma-long chain when the cost gate picks its length,
+        else EAGLE's own default, the dynamic tree."""
+        gen = torch.Generator().manual_seed(seed + 1)
+        chain = neural.shape == "chain" or (neural.shape == "auto" and cost_gate)
+        if kind == "eagle3":
+            return Eagle3Drafter(self.head, self.lm.model, neural.tree, chain=chain, gamma=neural.gamma,
+                                 sampling=sampling, generator=gen)
+        return DraftModelDrafter(self.draft_model, self.lm.model.config.vocab_size, gamma=neural.gamma,
+                                 sampling=sampling, generator=gen)
+
+
+def parse_method(spec: str) -> tuple[str, dict]:
+    """'eagle3@chain4' -> ('eagle3', {shape: chain, gamma: 4}); 'switchsd@tree4x5x24' -> the tree;
+    '+'-joined extras: 'kN' (copy kappa), 'tX' (probe tau), e.g. 'switchsd@chain1+k3+t0.4'."""
+    spec = spec.strip()
+    base = re.split(r"[@+]", spec, maxsplit=1)[0]
+    var = spec[len(base) + 1:]
+    if base not in METHODS:
+        raise SetupError(f"unknown method {base!r}; choose from {', '.join(METHODS)}")
+    out: dict = {}
+    for part in filter(None, var.split("+")):
+        if m := re.fullmatch(r"chain(\d+)", part):
+            out.update(shape="chain", gamma=int(m[1]))
+        elif m := re.fullmatch(r"tree(\d+)x(\d+)x(\d+)", part):
+            out.update(shape="tree", tree=(int(m[1]), int(m[2]), int(m[3])))
+        elif m := re.fullmatch(r"k(\d+)", part):
+            out["kappa"] = int(m[1])
+        elif m := re.fullmatch(r"t(\d*\.?\d+)", part):
+            out["tau"] = float(m[1])
+        else:
+            raise SetupError(f"bad method variant {spec!r}: use NAME@chainG or NAME@treeKxDxN, "
+                             "optionally +kN (kappa) +tX (tau)")
+    if "tau" in out and base not in NEEDS_PROBE:
+        raise SetupError(f"+t (probe tau) only applies to {', '.join(NEEDS_PROBE)}, not {base}")
+    return base, out
+
+
+def _with_variant(variant: dict, copy: CopyConfig, neural: NeuralConfig, gate: GateConfig):
+    try:
+        if "kappa" in variant:
+            copy = replace(copy, kappa=variant["kappa"])
+            gate = replace(gate, kappa=variant["kappa"])
+        if "tau" in variant:
+            gate = replace(gate, tau=variant["tau"])
+        if variant.get("shape") == "chain":
+            neural = replace(neural, shape="chain", gamma=variant["gamma"])
+        elif variant.get("shape") == "tree":
+            k, d, n = variant["tree"]
+            neural = replace(neural, shape="tree", tree=TreeConfig(top_k=k, depth=d, total_tokens=n))
+    except ValueError as e:
+        raise SetupError(str(e)) from None
+    return copy, neural, gate
+
+
+def build_engine(method: str, lm: LoadedModel, drafters: Drafters | None = None,
+                 engine: EngineConfig = EngineConfig(), copy: CopyConfig = CopyConfig(),
+                 neural: NeuralConfig = NeuralConfig(), gate: GateConfig = GateConfig(),
+                 cost: VerifyCost | str | None = "auto", fallback: str = "eagle3", bandit_c: float = 1.0,
+                 seed: int = 0) -> Engine:
+    """`cost`: the device's verification cost curve ("auto": the calibrated one, measured now if missing;
+    None: no padding, and the cost gate assumes verification is free, as on a large GPU).
+    `fallback`: the neural drafter copyspec falls back to when it is at hand."""
+    name, variant = parse_method(method)
+    copy, neural, gate = _with_variant(variant, copy, neural, gate)
+    if name.endswith("-paper"):
+        gate = replace(gate, mode="paper")
+    drafters = drafters or Drafters(lm)
+    if isinstance(cost, str):
+        cost = device_cost(lm)
+    cost_gate = uses_cost_gate(name, neural, gate)
+    if cost_gate and name in NEEDS_PROBE:
+        copy = replace(copy, kappa=gate.kappa)
+    kind = {"switchsd": "eagle3", "switchsd-paper": "eagle3", "switchsd-sps": "sps",
+            "switchsd-sps-paper": "sps"}.get(name, name if name in NEURAL_METHODS else fallback)
+    drafter = probe = tau = None
+    if name in NEEDS_NEURAL or (name == "copyspec" and drafters.available(kind)):
+        drafter = drafters.make(kind, neural, engine.sampling, seed, cost_gate)
+    if name in NEEDS_PROBE:
+        probe = drafters.probe
+        tau = gate.tau if gate.tau is not None else probe.tau
+    try:
+        policy = build_policy(name, lm.eos_ids(), copy, drafter, tau, bandit_c, neural_cfg=neural, gate=gate,
+                              cost=cost)
+    except ValueError as e:
+        raise SetupError(str(e)) from None
+    return Engine(lm.model, policy, engine, lm.eos_ids(), lm.max_length, probe=probe, cost=cost)

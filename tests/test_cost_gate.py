@@ -1,0 +1,187 @@
+"""The cost model, padded verification and the cost-aware SwitchSD gate (the default).
+
+Exactness runs on the tiny float64 model: padded forwards and merged copy+neural trees must give vanilla's
+tokens exactly; a sampling test checks the merged tree (point masses + sampled draft tokens) keeps p.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from helpers import (VOCAB, chisq_pvalue, greedy_reference, looping_prompt, make_tiny_model, random_prompt,
+                     repetitive_prompt)
+from switchsd.config import CopyConfig, EngineConfig, GateConfig, SamplingConfig
+from switchsd.costs import EmaTimer, Survival, VerifyCost
+from switchsd.drafters.draft_model import DraftModelDrafter
+from switchsd.engine import Engine
+from switchsd.methods import build_policy
+from switchsd.policies import CostAware
+from switchsd.probe import Probe
+
+# float32 MKL on the CI CPU: 2-3 rows cost more than 4-8 (the shape that padding exploits)
+FP32_LIKE = VerifyCost({1: 44.0, 2: 73.0, 3: 89.0, 4: 68.0, 6: 66.0, 8: 65.0, 12: 79.0, 16: 81.0, 32: 101.0})
+STEEP = VerifyCost({1: 1.0, 2: 50.0, 32: 60.0})     # any draft costs 50 plain steps: never worth it
+FREE = VerifyCost({1: 1.0})
+
+
+def test_verify_cost_pads_to_the_cheapest_size_and_is_monotone():
+    c = FP32_LIKE
+    assert c.pad_to(1) == 1 and c.pad_to(2) == 8 and c.pad_to(3) == 8 and c.pad_to(9) == 9
+    assert c.pad_to(2, limit=4) == 4
+    assert c.raw(5) == pytest.approx((68.0 + 66.0) / 2)
+    ms = [c.ms(n) for n in range(1, 40)]
+    assert all(a <= b + 1e-9 for a, b in zip(ms, ms[1:])), "the decision curve must be monotone"
+    assert c.raw(40) > c.raw(32)                      # linear beyond the last point
+    with pytest.raises(ValueError):
+        VerifyCost({2: 1.0})
+    with pytest.raises(ValueError):
+        VerifyCost({1: float("nan")})
+
+
+def test_survival_and_timer_estimates():
+    s = Survival(prior=0.5, weight=2.0, decay=1.0)
+    assert s.expected(2) == pytest.approx(0.5 + 0.25)
+    for _ in range(8):
+        s.update(drafted=3, accepted=1)      # position 1 always accepted, position 2 never
+    assert s.p(1) == pytest.approx((8 + 1) / (8 + 2)) and s.p(2) == pytest.approx(1 / 10)
+    assert s.p(3) == pytest.approx(0.5)       # never tried: the prior
+    t = EmaTimer(alpha=0.5, guess_ms=2.0)
+    assert t.get(3) == 6.0
+    t.add(2, 4.0)
+    t.add(2, 8.0)
+    assert t.get(2) == 6.0 and t.get(4) == 12.0
+
+
+def _probe(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    d = model.config.hidden_size
+    return Probe(torch.randn(d, generator=g, dtype=torch.float32), 1, "attn", 0.5,
+                 {"hidden_size": d, "num_layers": model.config.num_hidden_layers})
+
+
+def _cost_engine(model, draft_model, cost, max_new=24, sampling=SamplingConfig(), tau=0.0, gen=None):
+    drafter = DraftModelDrafter(draft_model, VOCAB, gamma=3, sampling=sampling, generator=gen)
+    pol = build_policy("switchsd", (), CopyConfig(kappa=3), drafter, tau=tau, cost=cost)
+    assert isinstance(pol, CostAware)
+    cfg = EngineConfig(max_new_tokens=max_new, budget=12, sampling=sampling, stop_at_eos=False)
+    return Engine(model, pol, cfg, (), probe=_probe(model), cost=cost)
+
+
+@pytest.mark.parametrize("cost", [FREE, FP32_LIKE, STEEP], ids=["free", "fp32-like", "steep"])
+def test_cost_gate_greedy_equals_vanilla(tiny_model, cost):
+    draft_model = make_tiny_model(seed=7)
+    choices, padded, sizes = Counter(), 0, []
+    real_forward = tiny_model.forward
+
+    def recording(*a, **kw):        # rows of every forward's input
+        sizes.append(kw["input_ids"].shape[1])
+        return real_forward(*a, **kw)
+
+    tiny_model.forward = recording
+    try:
+        for seed in range(6):
+            ids = looping_prompt(tiny_model, seed) if seed % 2 == 0 else random_prompt(seed, 9)
+            for tau in (0.0, 0.6):
+                eng = _cost_engine(tiny_model, draft_model, cost, tau=tau)
+                out = []
+                for e in eng.generate(ids):
+                    choices[e.gate["choice"]] += 1
+                    padded += sizes[-1] > len(e.tree_tokens)
+                    out += e.new_tokens
+                assert out == greedy_reference(tiny_model, ids, 24, eos=None), (seed, tau)
+    finally:
+        del tiny_model.forward
+    if cost is STEEP:   # nothing pays: plain steps, but for rare exploration of the neural drafter
+        assert choices["plain"] > 10 * (choices["neural"] + 1) and not choices["copy"]
+    else:
+        assert choices["copy"] + choices["copy+neural"] > 0 and choices["neural"] + choices["copy+neural"] > 0
+    if cost is FP32_LIKE:
+        assert padded > 0, "2-3 row forwards must have been padded to 8 rows"
+
+
+def test_padded_forward_gives_the_unpadded_logits(tiny_model):
+    """Engine._forward with and without padding: the real rows' logits agree to float64 precision."""
+    from switchsd.cache import KVCache
+    from switchsd.tree import build_tree
+    ids = random_prompt(3, 12)
+    tree = build_tree(ids[-1], [[5, 6, 7], [5, 9]], 32)
+    outs = []
+    for cost in (None, VerifyCost({1: 1.0, 2: 9.0, 16: 2.0})):
+        eng = Engine(tiny_model, build_policy("vanilla"), EngineConfig(budget=16), cost=cost)
+        cache = KVCache(tiny_model.config)
+        with torch.no_grad():
+            eng._prefill(cache, ids[:-1])
+            outs.append(eng._forward(cache, tree))
+        assert len(cache) == len(ids) - 1 + (16 if cost else len(tree.tokens))
+    assert outs[0].shape == outs[1].shape
+    assert torch.allclose(outs[0], outs[1], atol=1e-12, rtol=0)
+
+
+def test_steep_curve_explores_rarely():
+    """With drafting never paying, the gate still re-tries the neural drafter now and then (bounded share)."""
+    class Neural:
+        name, path, gamma = "n", "neural", 3
+    pol = CostAware(None, Neural(), None, STEEP, explore=0.05)
+    from switchsd.policies import PolicyState
+    picks = [pol.select(PolicyState([1, 2, 3], i, None, max_len=10, rows=12))[1]["choice"] for i in range(1000)]
+    n = picks.count("neural")
+    assert picks.count("plain") + n == 1000 and 1 <= n <= 5
+
+
+@pytest.mark.slow
+def test_cost_gate_merged_tree_sampling_follows_p(tiny_model, peaked_model):
+    """T = 1 with FREE verification: copy candidates (point masses) and sampled SPS tokens in ONE tree. The
+    first two tokens must follow p(x1) p(x2 | x1); a same-seed run of the negative control (the draft model
+    itself) must be rejected."""
+    from test_sampling import _model_dists
+    prompt = looping_prompt(tiny_model, 3)
+    draft = make_tiny_model(seed=7, logit_scale=30.0)
+    first, pairs, merged = Counter(), Counter(), 0
+    runs = 1500
+    for i in range(runs):
+        eng = _cost_engine(peaked_model, draft, FREE, max_new=3, sampling=SamplingConfig(temperature=1.0),
+                           gen=torch.Generator().manual_seed(10_000 + i))
+        g = eng.run(prompt, generator=torch.Generator().manual_seed(i))
+        merged += g.events[0].gate["choice"] == "copy+neural"
+        first[(g.token_ids[0],)] += 1
+        pairs[tuple(g.token_ids[:2])] += 1
+    assert merged > runs * 0.5, "setup: step 0 must verify copy and neural drafts together"
+    p1, p2 = _model_dists(peaked_model, prompt)
+    V_ = p1.shape[0]
+    assert chisq_pvalue(first, {(x,): float(p1[x]) for x in range(V_)}) > 1e-3
+    assert chisq_pvalue(pairs, {(a, b): float(p1[a] * p2[a, b]) for a in range(V_) for b in range(V_)}) > 1e-3
+    q1, _ = _model_dists(draft, prompt)      # negative control: the draft model's own distribution
+    assert chisq_pvalue(first, {(x,): float(q1[x]) for x in range(V_)}) < 1e-6
+
+
+def test_gate_config_validation():
+    assert GateConfig(tau=0.0).tau == 0.0          # 0.0 is a threshold, not "unset"
+    for bad in (dict(mode="x"), dict(tau=1.5), dict(tau=float("nan")), dict(explore=0.0)):
+        with pytest.raises(ValueError):
+            GateConfig(**bad)
+
+
+def test_hf_peer_greedy_equals_reference(tiny_model):
+    from switchsd.peers import HFPeer
+    for seed in range(3):
+        ids = repetitive_prompt(seed)
+        for kind in ("hf", "hf-pld"):
+            res = HFPeer(kind, tiny_model, EngineConfig(max_new_tokens=20), eos_ids=[1]).run(ids)
+            assert res.token_ids == greedy_reference(tiny_model, ids, 20), kind
+            assert res.stats["new_tokens"] == len(res.token_ids) and res.stats["target_forwards"] >= 1
+
+
+def test_auto_dtype_reads_the_calibrated_choice(tmp_path, monkeypatch):
+    import json
+
+    from switchsd.models import dtype_choice_path, resolve_dtype
+    monkeypatch.setenv("SWITCHSD_CACHE", str(tmp_path))
+    assert resolve_dtype("float32", "cpu") == torch.float32
+    assert resolve_dtype("auto", "cuda") == torch.bfloat16
+    p = dtype_choice_path("cpu")
+    p.parent.mkdir(parents=True)
+    for d, want in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        p.write_text(json.dumps({"fastest": d}))
+        assert resolve_dtype("auto", "cpu") == want
