@@ -113,7 +113,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", required=True, choices=DATASETS)
     ap.add_argument("--data-file", default=None, help="JSONL file (required for --dataset jsonl)")
-    ap.add_argument("--category", default=None, help="specbench: keep one category")
+    ap.add_argument("--category", default=None, help="specbench / mtbench: keep these categories (comma-separated, e.g. writing,roleplay)")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--methods", default="hf,hf-pld,vanilla,pld,copyspec,eagle3,switchsd,switchsd-paper",
                     help=f"comma-separated: {', '.join(METHODS)} (variants NAME@chainG, NAME@treeKxDxN, +kN, +tX), "

@@ -92,8 +92,9 @@ def load_prompts(name: str, data_file: str | None = None, limit: int | None = No
         else:  # mtbench / specbench: Spec-Bench question file, first turn
             if name == "mtbench":
                 rows = [r for r in rows if 81 <= int(r["question_id"]) <= 160]
-            if category:
-                rows = [r for r in rows if r.get("category") == category]
+            if category:      # one category or several, comma-separated ("writing,roleplay")
+                wanted = {c.strip() for c in category.split(",") if c.strip()}
+                rows = [r for r in rows if r.get("category") in wanted]
                 if not rows:
                     raise ValueError(f"no questions with category {category!r}")
             out = [{"id": r["question_id"], "prompt": r["turns"][0], "category": r.get("category")} for r in rows]

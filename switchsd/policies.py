@@ -9,6 +9,7 @@ pending row included); the engine applies both.
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -178,17 +179,19 @@ class CostAware:
             and limit > 1 else []
         c_ms = self.copy_ms.get(1)
         c_reach = self._reach(self.copy_acc[bucket], len(copy_cuts)) if copy_cuts else []
+        csum = list(accumulate(c_reach, initial=0.0))            # csum[d]: expected copy tokens at depth d
         for d, rows in copy_cuts:
-            options.append(((1 + sum(c_reach[:d])) / (V(rows) + c_ms), "copy", d, 0, rows))
+            options.append(((1 + csum[d]) / (V(rows) + c_ms), "copy", d, 0, rows))
+        n_reach = self._reach(self.neural_acc, max((g for g, _ in shapes), default=0))
+        nsum = list(accumulate(n_reach, initial=0.0))
+        both = list(accumulate((c * n for c, n in zip(c_reach, n_reach)), initial=0.0))
         for g, rows in shapes:
-            n_reach = self._reach(self.neural_acc, g)
             n_ms = self.neural_ms.get(g)
-            options.append(((1 + sum(n_reach)) / (V(rows) + n_ms), "neural", 0, g, rows))
-            for d, c_rows in copy_cuts:    # both drafts in one verify forward (independent misses)
-                both = [1 - (1 - (c_reach[i] if i < d else 0.0)) * (1 - (n_reach[i] if i < g else 0.0))
-                        for i in range(max(d, g))]
+            options.append(((1 + nsum[g]) / (V(rows) + n_ms), "neural", 0, g, rows))
+            for d, c_rows in copy_cuts:    # both drafts in one verify forward (misses taken as independent)
+                e = csum[d] + nsum[g] - both[min(d, g)]
                 rows_b = min(c_rows + rows - 1, limit)
-                options.append(((1 + sum(both)) / (V(rows_b) + c_ms + n_ms), "copy+neural", d, g, rows_b))
+                options.append(((1 + e) / (V(rows_b) + c_ms + n_ms), "copy+neural", d, g, rows_b))
         best = max(options, key=lambda o: o[0])
         explore = False
         if best[1] == "plain" and shapes:

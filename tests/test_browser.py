@@ -48,6 +48,8 @@ def shot(page, name: str) -> None:
 def test_generate_copy_heavy_preset(page):
     page.locator("#prompt textarea").fill('Repeat this JSON exactly, then stop: {"name": "Alice", "age": 30, '
                                           '"city": "Paris", "skills": ["python", "sql", "statistics"]}')
+    # float32 (the exact-identity switch): slower than the bfloat16 default, so live frames arrive mid-run
+    page.locator('#precision input[value="float32"]').check()
     page.locator("#run").click()
     page.wait_for_selector('#tokens .tok[data-path="copy"]', timeout=120_000)
     page.wait_for_function("document.querySelector('#status').innerText.includes('tok/s')", timeout=120_000)

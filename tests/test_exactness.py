@@ -11,7 +11,7 @@ import torch
 from helpers import (EOS, STANDALONE_METHODS, check_event_stream, greedy_reference, looping_prompt, make_engine,
                      make_tiny_model, random_prompt, repetitive_prompt, run_method)
 from switchsd.capture import HiddenCapture
-from switchsd.config import CopyConfig, EngineConfig
+from switchsd.config import CopyConfig, EngineConfig, NeuralConfig
 from switchsd.engine import Engine
 from switchsd.methods import build_policy
 
@@ -305,7 +305,8 @@ def test_real_model_eagle3_shipped_head_equals_vanilla(real_lm):
     want = Engine(real_lm.model, build_policy("vanilla", eos), cfg, eos).run(ids).token_ids
     for chain in (False, True):
         d = Eagle3Drafter(head, real_lm.model, TreeConfig(), chain=chain, gamma=4)
-        res = Engine(real_lm.model, build_policy("eagle3", eos, neural=d), cfg, eos).run(ids)
+        pol = build_policy("eagle3", eos, neural=d, neural_cfg=NeuralConfig(shape="chain" if chain else "tree"))
+        res = Engine(real_lm.model, pol, cfg, eos).run(ids)
         assert res.token_ids == want, f"chain={chain}"
         assert res.stats["tok_per_fwd"] > 1.2, "a trained head accepts some drafts"
 

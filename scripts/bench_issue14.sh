@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The speed issue's tables: every method with the DEFAULTS a user gets (dtype auto, cost gate, EAGLE-3 shape
+# auto, this device's calibrated curve) beside transformers' own generate (hf) and prompt lookup (hf-pld), the
+# paper's fixed gate (switchsd-paper) and the oracle; one bench run per dataset, resumable.
+#   scripts/bench_issue14.sh              # defaults (bfloat16 on CPUs with native bf16)
+#   DTYPE=float32 scripts/bench_issue14.sh   # the float32 runs (identical to vanilla on every prompt)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+DTYPE=${DTYPE:-auto}
+OUT=${OUT:-runs/issue14-$DTYPE}
+METHODS=${METHODS:-hf,hf-pld,vanilla,pld,copyspec,eagle3,switchsd,switchsd-paper,oracle}
+for spec in ${SETS:-humaneval:40 math500:40 cnndm:20 mtbench:20}; do
+  ds=${spec%%:*}; n=${spec##*:}
+  extra=()
+  if [ "$ds" = mtbench ]; then extra=(--category writing,roleplay); fi
+  $PY -m switchsd.bench --dataset "$ds" --limit "$n" --max-new-tokens 256 --dtype "$DTYPE" \
+      --methods "$METHODS" --out "$OUT/$ds" "${extra[@]}" "$@"
+done
