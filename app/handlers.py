@@ -248,7 +248,7 @@ def _race_frame(lm, runs, cut, with_vanilla, status, ref):
     lanes_ev = {m: g.events[:cut.get(m, len(g.events))] for m, g in shown.items()}
     rates = {m: (series[m][0], series[m][1]) for m in shown}
     return ("".join(lanes) or "<i>no lanes yet</i>", status, plots.plot_value(plots.toks_plot(rates)),
-            plots.plot_value(plots.tau_plot(lanes_ev)))
+            plots.plot_value(plots.tok_per_fwd_plot(lanes_ev)))
 
 
 def explain_step(state: dict | None, step: int) -> str:

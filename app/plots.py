@@ -103,8 +103,8 @@ def timeline(events: Sequence[StepEvent], t0: float = 0.0) -> tuple[list[float],
     return ts, ns
 
 
-def tau_plot(lanes: dict[str, Sequence[StepEvent]]) -> Figure:
-    """Tokens committed per target forward (tau per step) for several methods."""
+def tok_per_fwd_plot(lanes: dict[str, Sequence[StepEvent]]) -> Figure:
+    """Tokens committed per target forward, per step, for several methods."""
     data = [dict(type="scatter", mode="lines+markers", x=[e.step for e in events],
                  y=[len(e.new_tokens) for e in events], name=name, marker=dict(size=4))
             for name, events in lanes.items()]

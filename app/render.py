@@ -74,6 +74,16 @@ def _card(e: StepEvent, is_bonus: bool, tau: float, tokenizer) -> str:
         lines.append("kappa-gram seen earlier: " + ("yes" if e.gate["kgram_match"] else "no"))
     if e.gate and "arm" in e.gate:
         lines.append(f"bandit arm: {html.escape(str(e.gate['arm']))}")
+    if e.gate and e.gate.get("mode") == "cost":     # why the cost gate ran what it ran
+        g = e.gate
+        what = {"plain": "a plain step", "copy": f"copy, {g['copy_depth']} deep",
+                "neural": f"neural chain of {g['neural_depth']}",
+                "copy+neural": f"copy ({g['copy_depth']} deep) + neural chain of {g['neural_depth']} in one forward"
+                }.get(g.get("choice"), str(g.get("choice")))
+        lines.append(f"cost gate: {html.escape(what)}" + (" (exploring)" if g.get("explore") else "") +
+                     ("" if g.get("copy") else " · copying not plausible"))
+        best = ", ".join(f"{html.escape(str(k))} {v:.0f}" for k, v in (g.get("expected_tok_s") or {}).items())
+        lines.append(f"expected tok/s: {best}")
     if e.match and e.match.get("sources"):
         lines.append(f"copied from position {int(e.match['sources'][0])}")
     lines.append(f"drafted {e.n_verified - 1} · accepted {len(e.accepted)} · {len(e.candidates)} candidate(s)")

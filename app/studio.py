@@ -106,7 +106,7 @@ def build_demo(res: Resources) -> gr.Blocks:
             race_lanes = gr.HTML(elem_id="race-lanes")
             with gr.Row():
                 race_toks = gr.Plot(elem_id="race-plot-toks", show_label=False)
-                race_tau = gr.Plot(elem_id="race-plot-tau", show_label=False)
+                race_tpf = gr.Plot(elem_id="race-plot-tok-per-fwd", show_label=False)
         with gr.Tab("Probe lab", id="tab-probe"):
             with gr.Row():
                 with gr.Column(scale=2):
@@ -159,7 +159,7 @@ def build_demo(res: Resources) -> gr.Blocks:
         stop.click(stop_fn, None, None, queue=False)     # the run ends with a "Stopped" frame (not a Gradio cancel)
         race_run.click(lambda p, n, c, v, dt: (yield from handlers.race(res, p, n, c, v, dtype=dt)),
                        [race_prompt, race_max, chat, race_vanilla, precision],
-                       [race_lanes, race_status, race_toks, race_tau], concurrency_limit=1,
+                       [race_lanes, race_status, race_toks, race_tpf], concurrency_limit=1,
                        concurrency_id="device", api_name="race")
 
         def lab(a, b, up, text, gen):

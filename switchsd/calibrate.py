@@ -68,6 +68,26 @@ def measure(lm: LoadedModel, max_tokens: int = 64, prefix: int = 256, repeats: i
     return curve
 
 
+@torch.inference_mode()
+def matmul_floor(lm: LoadedModel, rows: int = 1, repeats: int = 5) -> float:
+    """ms of the model's own linear layers alone (every nn.Linear once, `rows` input rows, inputs made up front):
+    what a one-token forward cannot go below without changing the kernels. Median of repeats, after a warm-up."""
+    lins = [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
+    xs = [torch.randn(rows, m.in_features, dtype=m.weight.dtype, device=m.weight.device) for m in lins]
+    times = []
+    for r in range(repeats + 1):
+        if lm.device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for m, x in zip(lins, xs):
+            torch.nn.functional.linear(x, m.weight, m.bias)
+        if lm.device.type == "cuda":
+            torch.cuda.synchronize()
+        if r:
+            times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
 def monotone(curve: dict[int, float]) -> dict[int, float]:
     """Timing noise aside, a forward over fewer tokens never costs more: cost(n) = min over m >= n."""
     out, best = {}, float("inf")
@@ -160,15 +180,18 @@ def main(argv=None) -> None:
         for impl in ("sdpa", "eager"):         # the faster attention kernel for decoding, per dtype
             lm.model.set_attn_implementation(impl)
             one[impl] = measure(lm, 1, args.prefix, args.repeats, progress=False)[1]
-        attention[name] = min(one, key=one.get)
+        attention[name] = "eager" if one["eager"] < 0.95 * one["sdpa"] else "sdpa"   # keep the default unless clearly faster
         lm.model.set_attn_implementation(attention[name])
         print(f"{name}: one-token forward sdpa {one['sdpa']:.2f} ms, eager {one['eager']:.2f} ms "
               f"-> {attention[name]}")
         curve = measure(lm, args.max_tokens, args.prefix, args.repeats)
+        floor = matmul_floor(lm, 1, args.repeats)
+        print(f"{name}: one-token forward {curve[1]:.2f} ms = {curve[1] / floor:.2f}x its matmul floor "
+              f"({floor:.2f} ms: the linear layers alone)")
         path = save(lm, curve, args.prefix, args.ratio)
         _report(lm, curve, args.ratio, path)
         results[name] = {"curve_ms": curve, "path": str(path), "budget": budget_from_curve(curve, args.ratio),
-                         "attention": attention[name]}
+                         "attention": attention[name], "matmul_floor_ms": floor}
     choice = dtype_choice_path(device)
     old = {}
     if choice.exists():

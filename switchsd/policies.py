@@ -205,7 +205,7 @@ class CostAware:
         top = sorted(options, key=lambda o: -o[0])[:4]
         gate = {"mode": "cost", "probe": score, "tau": tau, "kgram_match": match, "copy": plausible,
                 "choice": choice, "copy_depth": d, "neural_depth": g, "explore": explore,
-                "expected_tok_s": {f"{c} {cd}/{ng}": round(1000 * v, 1) for v, c, cd, ng, _ in top},
+                "expected_tok_s": {_label(c, cd, ng): round(1000 * v, 1) for v, c, cd, ng, _ in top},
                 "max_len": max(d, g), "rows": rows, "merge": choice == "copy+neural"}
         drafters = {"plain": [], "copy": [self.copy], "neural": [self.neural],
                     "copy+neural": [self.copy, self.neural]}[choice]
@@ -235,6 +235,11 @@ class CostAware:
                 self.neural_acc.update(depth, acc)
                 self.neural_ms.add(depth, draft_ms)
                 self.plain_run = 0
+
+
+def _label(choice: str, copy_depth: int, neural_depth: int) -> str:
+    return {"plain": "plain", "copy": f"copy{copy_depth}", "neural": f"chain{neural_depth}"}.get(
+        choice, f"copy{copy_depth}+chain{neural_depth}")
 
 
 def _common(a, b) -> int:

@@ -195,7 +195,7 @@ def test_plot_dicts_are_valid_plotly_figures():
                              tree_parents=[], accepted_rows=[], accepted=acc, accepted_candidate=None, bonus=1,
                              new_tokens=acc + [1], position=i, probe_score=rng.random(), timings={"total": 0.01}))
     figs = [plots.accept_plot(evs), plots.probe_plot(evs, 0.4), plots.copy_rate_plot(evs),
-            plots.toks_plot({"switchsd": plots.timeline(evs)}), plots.tau_plot({"a": evs, "b": evs[:5]}),
+            plots.toks_plot({"switchsd": plots.timeline(evs)}), plots.tok_per_fwd_plot({"a": evs, "b": evs[:5]}),
             plots.layer_plot([{"layer": 1, "sublayer": "attn", "auc": 0.9, "f1": 0.8},
                               {"layer": 2, "sublayer": "mlp", "auc": 0.95, "f1": 0.85}]),
             plots.accept_plot([]), plots.probe_plot([], 0.5), plots.copy_rate_plot([]), plots.toks_plot({})]
