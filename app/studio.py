@@ -93,8 +93,9 @@ def build_demo(res: Resources) -> gr.Blocks:
             live = gr.HTML(elem_id="live-plots")     # hidden: names the streaming run for the page script (app/live.py)
         run_state = gr.State(None)
         with gr.Tab("Race", id="tab-race"):
-            gr.Markdown("SwitchSD vs EAGLE3 vs CopySpec on one prompt. The methods run **one at a time** and are "
-                        "replayed on a common clock, each timed by its own steps.")
+            gr.Markdown("Vanilla vs SwitchSD vs EAGLE3 vs CopySpec on one prompt, with the defaults. The methods run "
+                        "**one at a time** and are replayed on a common clock, each timed by its own steps; each lane "
+                        "shows its speedup over vanilla and whether its text equals vanilla's.")
             with gr.Row():
                 race_prompt = gr.Textbox(label="Prompt", lines=3, value=PRESETS["Code rewrite (copy-heavy)"],
                                          elem_id="race-prompt", scale=3)

@@ -1,7 +1,6 @@
 """The studio through its API (gradio_client) and the HTML builder against hostile model text."""
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 import pytest

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.real, pytest.mark.browser,
 def page():
     from playwright.sync_api import sync_playwright
     from app_server import AppServer
-    live = {"SWITCHSD_PLOT_REFRESH_S": "0.3", "SWITCHSD_REFRESH_S": "0.3"}   # live frames even in a short run
+    live = {"SWITCHSD_PLOT_REFRESH_S": "0.1", "SWITCHSD_REFRESH_S": "0.1"}   # live frames even in a short run
     os.environ.update(live)                                                   # (server env)
     try:
         server = AppServer()
@@ -47,7 +47,10 @@ def shot(page, name: str) -> None:
 
 def test_generate_copy_heavy_preset(page):
     page.locator("#prompt textarea").fill('Repeat this JSON exactly, then stop: {"name": "Alice", "age": 30, '
-                                          '"city": "Paris", "skills": ["python", "sql", "statistics"]}')
+                                          '"city": "Paris", "skills": ["python", "sql", "statistics"], '
+                                          '"address": {"street": "12 Rue de Rivoli", "zip": "75001"}, '
+                                          '"projects": [{"title": "Weather dashboard", "year": 2021}, '
+                                          '{"title": "Inventory tracker", "year": 2023}]}')
     # float32 (the exact-identity switch): slower than the bfloat16 default, so live frames arrive mid-run
     page.locator('#precision input[value="float32"]').check()
     page.locator("#run").click()

@@ -13,7 +13,7 @@ from switchsd.config import CopyConfig, EngineConfig, NeuralConfig
 from switchsd.drafters.base import DraftRequest
 from switchsd.drafters.copy import CopyDrafter
 from switchsd.drafters.eagle3 import Eagle3Drafter, TreeConfig
-from switchsd.drafters.eagle3_model import Eagle3Config, Eagle3Head, Eagle3LoadError, load_eagle3
+from switchsd.drafters.eagle3_model import Eagle3LoadError, load_eagle3
 from switchsd.engine import Engine
 from switchsd.methods import build_policy
 from switchsd.policies import PolicyState
