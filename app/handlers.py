@@ -276,9 +276,17 @@ def explain_step(state: dict | None, step: int) -> str:
     gate = ""
     if e.gate and "kgram_match" in e.gate:
         p = e.gate.get("probe")
-        gate = (f"<p><b>Gate:</b> probe {'n/a' if p is None else f'{p:.3f}'} vs tau {e.gate['tau']:.2f}; "
-                f"kappa-gram seen earlier: {'yes' if e.gate['kgram_match'] else 'no'} → "
-                f"<b>{'copy' if e.gate['copy'] else 'neural'}</b> path.</p>")
+        tau = e.gate.get("tau")
+        head = (f"<p><b>Gate:</b> probe {'n/a' if p is None else f'{p:.3f}'} vs tau "
+                f"{'n/a' if tau is None else f'{tau:.2f}'}; "
+                f"kappa-gram seen earlier: {'yes' if e.gate['kgram_match'] else 'no'}")
+        if e.gate.get("mode") == "cost":    # the cost gate: plausibility, then the best-paying option
+            best = ", ".join(f"{html.escape(str(k))} {v:.0f}" for k, v in (e.gate.get("expected_tok_s") or {}).items())
+            gate = (f"{head} → copying {'plausible' if e.gate['copy'] else 'not plausible'}; the cost gate ran "
+                    f"<b>{html.escape(str(e.gate.get('choice')))}</b>"
+                    f"{' (exploring)' if e.gate.get('explore') else ''} (expected tok/s: {best}).</p>")
+        else:
+            gate = f"{head} → <b>{'copy' if e.gate['copy'] else 'neural'}</b> path.</p>"
     elif e.gate and "arm" in e.gate:
         gate = f"<p><b>Bandit:</b> UCB picked the {html.escape(str(e.gate['arm']))} arm.</p>"
     bonus = "none (cut by EOS or the token limit)" if e.bonus is None else tok(e.bonus)
