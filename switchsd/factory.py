@@ -59,36 +59,31 @@ class Drafters:
         default = DEFAULT_HEADS.get(self.lm.name)
         return self.eagle != "auto" or (default is not None and default.exists())
 
+    def _once(self, key: str, load, errors: tuple):
+        """Load on first use; a loader's own error type becomes a SetupError with its message."""
+        if key not in self._loaded:
+            try:
+                self._loaded[key] = load()
+            except errors as e:
+                raise SetupError(str(e)) from None
+        return self._loaded[key]
+
     @property
     def head(self):
-        if "head" not in self._loaded:
-            try:
-                self._loaded["head"] = load_eagle3(self._shipped(self.eagle, DEFAULT_HEADS, "EAGLE3 head", "eagle"),
-                                                   self.lm.model)
-            except Eagle3LoadError as e:
-                raise SetupError(str(e)) from None
-        return self._loaded["head"]
+        return self._once("head", lambda: load_eagle3(
+            self._shipped(self.eagle, DEFAULT_HEADS, "EAGLE3 head", "eagle"), self.lm.model), (Eagle3LoadError,))
 
     @property
     def draft_model(self):
-        if "draft" not in self._loaded:
-            if not self.draft:
-                raise SetupError("method sps needs --draft MODEL (a small model sharing the tokenizer)")
-            try:
-                self._loaded["draft"] = load_model(self.draft, self.lm.dtype, str(self.lm.device)).model
-            except (ModelLoadError, ValueError) as e:
-                raise SetupError(str(e)) from None
-        return self._loaded["draft"]
+        if not self.draft:
+            raise SetupError("method sps needs --draft MODEL (a small model sharing the tokenizer)")
+        return self._once("draft", lambda: load_model(self.draft, self.lm.dtype, str(self.lm.device)).model,
+                          (ModelLoadError, ValueError))
 
     @property
     def probe(self):
-        if "probe" not in self._loaded:
-            try:
-                self._loaded["probe"] = load_probe(self._shipped(self.probe_name, DEFAULT_PROBES, "probe", "probe"),
-                                                   self.lm.model)
-            except ProbeError as e:
-                raise SetupError(str(e)) from None
-        return self._loaded["probe"]
+        return self._once("probe", lambda: load_probe(
+            self._shipped(self.probe_name, DEFAULT_PROBES, "probe", "probe"), self.lm.model), (ProbeError,))
 
     def make(self, kind: str, neural: NeuralConfig, sampling, seed: int = 0, cost_gate: bool = False):
         """A fresh drafter (own caches). Shape "auto": a gamma-long chain when the cost gate picks its length,

@@ -33,10 +33,7 @@ def build_policy(method: str, eos_ids: Sequence[int] = (), copy: CopyConfig = Co
     copyspec falls back to it when its 3-gram does not match (plain steps when it is None).
     `tau`: the probe threshold of the SwitchSD gate (the engine scores the probe); `gate.mode` picks the cost
     gate (default) or the paper's fixed dual gate; `cost`: the device's verification cost curve."""
-    return _build(method, eos_ids, copy, neural, tau, bandit_c, neural_cfg or NeuralConfig(), gate, cost or FREE)
-
-
-def _build(method, eos_ids, copy, neural, tau, bandit_c, neural_cfg, gate, cost) -> Policy:
+    neural_cfg, cost = neural_cfg or NeuralConfig(), cost or FREE
     if method == "vanilla":
         return Fixed([])
     if method == "copy":

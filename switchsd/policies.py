@@ -129,12 +129,16 @@ class CostAware:
         self.copy_ms = EmaTimer(guess_ms=0.002 * base)
         self.neural_ms = EmaTimer(guess_ms=0.05 * base)
         self.scale = 1.0                     # measured verify time / calibrated curve
+        self._curve: dict[tuple[int, int], float] = {}
         self.plain_run = 0                   # plain steps since the neural drafter last ran
         self._chosen: dict = {}
 
     # -- options ---------------------------------------------------------------------------------------------
     def _verify_ms(self, rows: int, limit: int) -> float:
-        return self.scale * self.cost.ms(rows, limit)
+        key = (rows, limit)       # the curve is fixed: look each size up once, not ~100 times per step
+        if key not in self._curve:
+            self._curve[key] = self.cost.ms(rows, limit)
+        return self.scale * self._curve[key]
 
     def _neural_shapes(self, max_len: int, rows: int) -> list[tuple[int, int]]:
         """(depth, verify rows) of each neural shape on offer."""
