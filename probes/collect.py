@@ -1,6 +1,6 @@
 """Collect probe training / evaluation data: target completions, labels, hidden states at every site.
 
-    python -m probes.collect --out runs/probes/smollm2 [--model M] [--n 1000] [--max-new-tokens 192]
+    python -m probes.collect --out runs/probes/smollm2 [--model M] [--n 1200] [--max-new-tokens 192]
         [--sets copydiversity,constructed,natural,mtbench]
 
 Sets: copydiversity (our 17-type prompts, completions by the target), constructed (random-token sequences with a
@@ -52,7 +52,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--n", type=int, default=1000, help="CopyDiversity prompts (80%% train / 20%% val)")
+    ap.add_argument("--n", type=int, default=1200, help="CopyDiversity prompts (80%% train / 20%% val)")
     ap.add_argument("--n-ablation", type=int, default=400, help="sequences for constructed and natural sets")
     ap.add_argument("--max-new-tokens", type=int, default=192)
     ap.add_argument("--n-train", type=int, default=5, help="shortest verbatim span labelled as copy")

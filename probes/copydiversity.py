@@ -1,5 +1,8 @@
 """CopyDiversity-style prompts, written by templates (no external LLM): 17 prompt types in the paper's three
-tiers — heavy copy ~10.6%, medium ~11.7%, light/no copy ~77.7% — deterministic from a seed.
+tiers — heavy copy ~10.6%, medium ~11.7%, light/no copy ~77.7% — deterministic from a seed, plus
+(`broad=True`, the default) the broadened families of `probes/families.py`: other formats (config files,
+CSV, SQL, YAML, e-mail, code fixes and renames) and phrasings of copy intent, and more kinds of accidental
+repetition (equations, comparisons, explanations, how-tos).
 
 Accidental repetition is included on purpose (math with recurring variable names, lists, repeated words), so a
 probe must learn the model's intent to copy, not surface overlap.
@@ -97,10 +100,14 @@ def _types():
 TIER_SHARE = {"heavy": 0.106, "medium": 0.117, "light": 0.777}
 
 
-def build(n: int = 1000, seed: int = 0, val_fraction: float = 0.2) -> list[dict]:
-    """n prompts {"id", "tier", "type", "prompt", "split"}; tier shares as in the paper; shuffled split."""
+def build(n: int = 1000, seed: int = 0, val_fraction: float = 0.2, broad: bool = True) -> list[dict]:
+    """n prompts {"id", "tier", "type", "prompt", "split"}; tier shares as in the paper; shuffled split.
+    `broad=False`: the original 17 types only."""
     r = random.Random(seed)
     types = _types()
+    if broad:
+        from .families import broad_types
+        types = types + broad_types()
     by_tier = {t: [x for x in types if x[0] == t] for t in TIER_SHARE}
     counts = {t: round(n * s) for t, s in TIER_SHARE.items()}
     counts["light"] += n - sum(counts.values())
@@ -126,11 +133,11 @@ def build(n: int = 1000, seed: int = 0, val_fraction: float = 0.2) -> list[dict]
     return rows
 
 
-def held_out(n: int, seed: int, train_n: int = 1000, train_seed: int = 0) -> list[dict]:
-    """n fresh prompts of the same 17 types (another seed), none of which is in the training set build(train_n,
+def held_out(n: int, seed: int, train_n: int = 1200, train_seed: int = 0, broad: bool = True) -> list[dict]:
+    """n fresh prompts of the same types (another seed), none of which is in the training set build(train_n,
     train_seed): a held-out set of the probe's own family."""
-    seen = {r["prompt"] for r in build(train_n, train_seed)}
-    rows = [r for r in build(n + 20, seed) if r["prompt"] not in seen][:n]
+    seen = {r["prompt"] for r in build(train_n, train_seed, broad=broad)}
+    rows = [r for r in build(2 * n + 40, seed, broad=broad) if r["prompt"] not in seen][:n]
     if len(rows) < n:
         raise RuntimeError(f"only {len(rows)} fresh prompts for seed {seed}")
     return rows
@@ -142,7 +149,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--n", type=int, default=48)
     ap.add_argument("--seed", type=int, default=12345)
-    ap.add_argument("--train-n", type=int, default=1000, help="the training set to exclude (probes.collect --n)")
+    ap.add_argument("--train-n", type=int, default=1200, help="the training set to exclude (probes.collect --n)")
     ap.add_argument("--train-seed", type=int, default=0, help="its seed (probes.collect --seed)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)

@@ -1,6 +1,7 @@
 """Measure the target's verification cost curve, pick the fastest dtype, derive the default budget.
 
-    python -m switchsd.calibrate [--model M] [--dtype auto|float32|bfloat16] [--max-tokens 64] [--prefix 256]
+    python -m switchsd.calibrate [--model M] [--dtype auto|float32|bfloat16] [--forward auto|lean|hf]
+                                 [--max-tokens 64] [--prefix 256]
 
 Times one target forward over n = 1..N new tokens on top of a cached prefix (median of repeats, after a
 warm-up) and stores {n: ms} in `$SWITCHSD_CACHE/calibration/`. That curve is what the cost gate decides with
@@ -20,30 +21,34 @@ from pathlib import Path
 
 import torch
 
-from .cache import KVCache
 from .costs import VerifyCost
 from .models import LoadedModel, cache_dir, dtype_choice_path, load_model
+from .target import FORWARDS, make_target, resolve_forward
 
 DEFAULT_RATIO = 2.0
 FALLBACK_BUDGET = 16
 POINTS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256)
 
 
-def calibration_path(lm: LoadedModel) -> Path:
+def calibration_path(lm: LoadedModel, forward: str = "auto") -> Path:
+    """One curve per model, device, dtype and forward (the lean forward, or transformers' with its kernel)."""
     safe = lm.name.replace("/", "--")
+    kind = resolve_forward(lm.model, forward)
     return (cache_dir() / "calibration" /
-            f"{safe}-{lm.device.type}-{str(lm.dtype).replace('torch.', '')}-{lm.attn}.json")
+            f"{safe}-{lm.device.type}-{str(lm.dtype).replace('torch.', '')}-{'lean' if kind == 'lean' else lm.attn}.json")
 
 
 @torch.inference_mode()
 def measure(lm: LoadedModel, max_tokens: int = 64, prefix: int = 256, repeats: int = 5,
-            progress: bool = True) -> dict[int, float]:
+            progress: bool = True, forward: str = "auto") -> dict[int, float]:
+    """{n: ms} of one verify forward over n new tokens after `prefix` cached ones, through the engine's forward."""
     model, dev = lm.model, lm.device
+    target = make_target(model, (), forward)
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (1, prefix + max_tokens), generator=gen).to(dev)
-    cache = KVCache(model.config)
-    model(input_ids=ids[:, :prefix], cache=cache.hf, use_cache=True, logits_to_keep=1)
+    cache = target.new_cache(prefix + max_tokens)
+    target.forward(ids[:, :prefix], cache, logit_rows=-1)
     points = [n for n in POINTS if n <= max_tokens]
     curve: dict[int, float] = {}
     it = points
@@ -56,8 +61,7 @@ def measure(lm: LoadedModel, max_tokens: int = 64, prefix: int = 256, repeats: i
             if dev.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            pos = torch.arange(prefix, prefix + n, device=dev)[None]
-            model(input_ids=ids[:, prefix:prefix + n], position_ids=pos, cache=cache.hf, use_cache=True)
+            target.forward(ids[:, prefix:prefix + n], cache)
             if dev.type == "cuda":
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
@@ -69,18 +73,29 @@ def measure(lm: LoadedModel, max_tokens: int = 64, prefix: int = 256, repeats: i
 
 
 @torch.inference_mode()
-def matmul_floor(lm: LoadedModel, rows: int = 1, repeats: int = 5) -> float:
-    """ms of the model's own linear layers alone (every nn.Linear once, `rows` input rows, inputs made up front):
-    what a one-token forward cannot go below without changing the kernels. Median of repeats, after a warm-up."""
-    lins = [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
-    xs = [torch.randn(rows, m.in_features, dtype=m.weight.dtype, device=m.weight.device) for m in lins]
+def matmul_floor(lm: LoadedModel, rows: int = 1, repeats: int = 5, forward: str = "hf") -> float:
+    """ms of the model's linear layers alone (each once, `rows` input rows, inputs made up front): what a
+    one-token forward cannot go below with those kernels. forward "hf": every nn.Linear through `F.linear`
+    (transformers' kernels); "lean": the lean forward's fused, packed products. Median of repeats, after a
+    warm-up."""
+    if resolve_forward(lm.model, forward) == "lean":
+        from .lean import LeanLlama
+        lean = LeanLlama.of(lm.model)
+        fns = [lin.fast for layer in lean.layers for lin in layer if callable(getattr(lin, "fast", None))]
+        fns.append(lean.head.fast)
+        shapes = [f.__self__.weight.shape[1] for f in fns]
+    else:
+        lins = [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
+        fns = [lambda x, m=m: torch.nn.functional.linear(x, m.weight, m.bias) for m in lins]
+        shapes = [m.in_features for m in lins]
+    xs = [torch.randn(1, rows, k, dtype=lm.dtype, device=lm.device) for k in shapes]
     times = []
     for r in range(repeats + 1):
         if lm.device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for m, x in zip(lins, xs):
-            torch.nn.functional.linear(x, m.weight, m.bias)
+        for f, x in zip(fns, xs):
+            f(x)
         if lm.device.type == "cuda":
             torch.cuda.synchronize()
         if r:
@@ -104,9 +119,9 @@ def budget_from_curve(curve: dict[int, float], ratio: float = DEFAULT_RATIO) -> 
     return max(ok) if ok else 1
 
 
-def load_budget(lm: LoadedModel, ratio: float = DEFAULT_RATIO) -> tuple[int, str]:
+def load_budget(lm: LoadedModel, ratio: float = DEFAULT_RATIO, forward: str = "auto") -> tuple[int, str]:
     """(budget, where it came from). Falls back to FALLBACK_BUDGET when this device is not calibrated."""
-    path = calibration_path(lm)
+    path = calibration_path(lm, forward)
     if path.exists():
         data = json.loads(path.read_text())
         curve = {int(k): float(v) for k, v in data["curve_ms"].items()}
@@ -114,10 +129,10 @@ def load_budget(lm: LoadedModel, ratio: float = DEFAULT_RATIO) -> tuple[int, str
     return FALLBACK_BUDGET, "fallback (run python -m switchsd.calibrate)"
 
 
-def device_cost(lm: LoadedModel, measure_if_missing: bool = True) -> VerifyCost:
-    """This device's verification cost curve: the calibrated one, else (`measure_if_missing`) a short one
-    measured now and saved, else a flat curve (every forward costs the same)."""
-    path = calibration_path(lm)
+def device_cost(lm: LoadedModel, measure_if_missing: bool = True, forward: str = "auto") -> VerifyCost:
+    """This device's verification cost curve for the engine's `forward`: the calibrated one, else
+    (`measure_if_missing`) a short one measured now and saved, else a flat curve (every forward costs the same)."""
+    path = calibration_path(lm, forward)
     if path.exists():
         try:
             data = json.loads(path.read_text())
@@ -129,15 +144,16 @@ def device_cost(lm: LoadedModel, measure_if_missing: bool = True) -> VerifyCost:
     import sys
     print(f"calibrating this device's verification cost ({lm.name}, {lm.device}, "
           f"{str(lm.dtype).replace('torch.', '')}; once, a few seconds)...", file=sys.stderr)
-    curve = measure(lm, max_tokens=32, prefix=256, repeats=3, progress=False)
-    save(lm, curve, 256, DEFAULT_RATIO)
+    curve = measure(lm, max_tokens=32, prefix=256, repeats=3, progress=False, forward=forward)
+    save(lm, curve, 256, DEFAULT_RATIO, forward)
     return VerifyCost(curve, source=str(path))
 
 
-def save(lm: LoadedModel, curve: dict[int, float], prefix: int, ratio: float) -> Path:
-    path = calibration_path(lm)
+def save(lm: LoadedModel, curve: dict[int, float], prefix: int, ratio: float, forward: str = "auto") -> Path:
+    path = calibration_path(lm, forward)
     path.parent.mkdir(parents=True, exist_ok=True)
     out = {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype), "prefix": prefix,
+           "forward": resolve_forward(lm.model, forward),
            "curve_ms": curve, "ratio": ratio, "budget": budget_from_curve(curve, ratio)}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(out, indent=1))
@@ -165,6 +181,8 @@ def main(argv=None) -> None:
     ap.add_argument("--prefix", type=int, default=256, help="cached context length the forwards run on")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--ratio", type=float, default=DEFAULT_RATIO)
+    ap.add_argument("--forward", choices=FORWARDS, default="auto",
+                    help="the target forward to time: auto (lean where supported), lean, hf (transformers')")
     args = ap.parse_args(argv)
     if args.max_tokens < 1 or args.repeats < 1 or args.prefix < 1:
         ap.error("--max-tokens, --repeats and --prefix must be >= 1")
@@ -176,22 +194,27 @@ def main(argv=None) -> None:
     for dt in dtypes:
         lm = load_model(args.model, dt, device, attention="sdpa")
         name = str(lm.dtype).replace("torch.", "")
+        kind = resolve_forward(lm.model, args.forward)
         one = {}
-        for impl in ("sdpa", "eager"):         # the faster attention kernel for decoding, per dtype
+        for impl in ("sdpa", "eager"):         # transformers' faster attention kernel for decoding, per dtype
             lm.model.set_attn_implementation(impl)
-            one[impl] = measure(lm, 1, args.prefix, args.repeats, progress=False)[1]
+            one[impl] = measure(lm, 1, args.prefix, args.repeats, progress=False, forward="hf")[1]
         attention[name] = "eager" if one["eager"] < 0.95 * one["sdpa"] else "sdpa"   # keep the default unless clearly faster
         lm.model.set_attn_implementation(attention[name])
-        print(f"{name}: one-token forward sdpa {one['sdpa']:.2f} ms, eager {one['eager']:.2f} ms "
+        print(f"{name}: transformers' one-token forward sdpa {one['sdpa']:.2f} ms, eager {one['eager']:.2f} ms "
               f"-> {attention[name]}")
-        curve = measure(lm, args.max_tokens, args.prefix, args.repeats)
-        floor = matmul_floor(lm, 1, args.repeats)
-        print(f"{name}: one-token forward {curve[1]:.2f} ms = {curve[1] / floor:.2f}x its matmul floor "
-              f"({floor:.2f} ms: the linear layers alone)")
-        path = save(lm, curve, args.prefix, args.ratio)
+        curve = measure(lm, args.max_tokens, args.prefix, args.repeats, forward=kind)
+        floor = matmul_floor(lm, 1, args.repeats, forward=kind)
+        hf_floor = matmul_floor(lm, 1, args.repeats, forward="hf")
+        print(f"{name}: {kind} one-token forward {curve[1]:.2f} ms = {curve[1] / floor:.2f}x its matmul floor "
+              f"({floor:.2f} ms: its linear layers alone; transformers' F.linear on the same weights "
+              f"{hf_floor:.2f} ms, its forward {one[attention[name]]:.2f} ms)")
+        path = save(lm, curve, args.prefix, args.ratio, kind)
         _report(lm, curve, args.ratio, path)
-        results[name] = {"curve_ms": curve, "path": str(path), "budget": budget_from_curve(curve, args.ratio),
-                         "attention": attention[name], "matmul_floor_ms": floor}
+        results[name] = {"forward": kind, "curve_ms": curve, "path": str(path),
+                         "budget": budget_from_curve(curve, args.ratio), "attention": attention[name],
+                         "matmul_floor_ms": floor, "hf_matmul_floor_ms": hf_floor,
+                         "hf_one_token_ms": one[attention[name]]}
     choice = dtype_choice_path(device)
     old = {}
     if choice.exists():

@@ -18,6 +18,7 @@ from .factory import build_engine as _build_engine
 from .factory import parse_method as _parse_method
 from .methods import NEURAL_METHODS
 from .models import LoadedModel, ModelLoadError, load_model
+from .target import FORWARDS
 
 _C, _N, _T, _G, _E = CopyConfig(), NeuralConfig(), TreeConfig(), GateConfig(), EngineConfig()
 LOSSLESS_NOTE = ("note: {dtype} — every method verifies against the target as computed in {dtype}; where two "
@@ -34,6 +35,9 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
                          "(token-for-token identical to vanilla) | bfloat16")
     ap.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: CUDA when present)")
     ap.add_argument("--device-map", default=None, help="'auto' to shard over several GPUs with accelerate")
+    ap.add_argument("--forward", choices=FORWARDS, default=_E.forward,
+                    help="the target's forward: auto (the lean forward for Llama/Mistral/Qwen2, else "
+                         "transformers'), lean, hf (transformers' own; same numbers, slower)")
 
 
 def add_decode_args(ap: argparse.ArgumentParser) -> None:
@@ -119,7 +123,7 @@ def load(args) -> LoadedModel:
 
 def resolve_budget(args, lm: LoadedModel) -> tuple[int, str]:
     if str(args.budget) == "auto":
-        return load_budget(lm, args.budget_ratio)
+        return load_budget(lm, args.budget_ratio, getattr(args, "forward", _E.forward))
     try:
         b = int(args.budget)
     except ValueError:
@@ -132,7 +136,8 @@ def resolve_budget(args, lm: LoadedModel) -> tuple[int, str]:
 def engine_config(args, budget: int) -> EngineConfig:
     try:
         return EngineConfig(max_new_tokens=args.max_new_tokens, budget=budget,
-                            sampling=SamplingConfig(args.temperature, args.top_k, args.top_p))
+                            sampling=SamplingConfig(args.temperature, args.top_k, args.top_p),
+                            forward=getattr(args, "forward", _E.forward))
     except ValueError as e:
         raise fail(str(e)) from None
 

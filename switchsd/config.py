@@ -41,14 +41,19 @@ class CopyConfig:
 @dataclass(frozen=True)
 class EngineConfig:
     """`budget`: most tokens verified in one target forward, the pending token included (>= 1).
-    `capture`: hidden-state sites (layer, "attn" | "mlp") to record from every verify forward."""
+    `capture`: hidden-state sites (layer, "attn" | "mlp") to record from every verify forward.
+    `forward`: the target's forward: "auto" (the lean forward where the architecture is supported, else
+    transformers'), "lean" or "hf" (transformers' own)."""
     max_new_tokens: int = 128
     budget: int = 32
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     capture: tuple[tuple[int, str], ...] = ()
     stop_at_eos: bool = True
+    forward: str = "auto"
 
     def __post_init__(self):
+        if self.forward not in ("auto", "lean", "hf"):
+            raise ValueError(f"forward must be auto, lean or hf, got {self.forward!r}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.budget < 1:
@@ -102,11 +107,14 @@ class GateConfig:
     drafter. `tau` None: the probe's own (F1-optimal) threshold. `explore`: the share of time the cost gate may
     spend re-trying a drafter it currently deems too slow. `kappa`: the cost gate's kappa-gram (its copy drafter's
     n-gram too); shorter than the paper's 5 (`CopyConfig.kappa`, which the paper gate keeps) because the cost
-    model, not the n-gram length, now prices a false trigger (dev set: docs/results.md)."""
+    model, not the n-gram length, now prices a false trigger (dev set: docs/results.md). `lookup`: when copying
+    is not plausible, the cost gate may still take a short prompt-lookup draft (<= 10 tokens) where the
+    acceptance it measures for such drafts pays for their verify rows (False: plain / neural only)."""
     mode: str = "cost"
     tau: float | None = None
     explore: float = 0.01
     kappa: int = 3
+    lookup: bool = True
 
     def __post_init__(self):
         if self.mode not in GATE_MODES:

@@ -20,13 +20,12 @@ from typing import Iterator, Protocol, Sequence
 
 import torch
 
-from .cache import KVCache
-from .capture import HiddenCapture
 from .config import EngineConfig
 from .costs import VerifyCost
 from .drafters.base import Draft, DraftRequest, merge_drafts
 from .events import StepEvent, summarize
 from .policies import Policy, PolicyState
+from .target import make_target
 from .tree import TokenTree, build_tree, tree_mask, tree_positions
 from .verify import accept_greedy, accept_sampling, target_probs
 
@@ -59,18 +58,18 @@ class Engine:
         self.feature_drafters = [d for d in policy.drafters if getattr(d, "sites", ())]
         for d in self.feature_drafters:
             sites += [s for s in d.sites if s not in sites]
-        self.capture = HiddenCapture(model, sites, attach=False) if sites else None
+        self.sites = sites
+        self.target = make_target(model, sites, cfg.forward)   # transformers' forward or the lean one
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
     def close(self) -> None:
-        if self.capture:
-            self.capture.close()
+        self.target.close()
 
     # -- one target forward over the verify rows ------------------------------------------------------
-    def _forward(self, cache: KVCache, tree: TokenTree) -> torch.Tensor:
+    def _forward(self, cache, tree: TokenTree) -> torch.Tensor:
         prefix, n1 = len(cache), len(tree.tokens)
         pad = self.cost.pad_to(n1, max(n1, self.cfg.budget)) - n1 if self.cost is not None else 0
         ids = torch.tensor(tree.tokens + [tree.tokens[0]] * pad, device=self.device)[None]    # [1, n+1+pad]
@@ -80,32 +79,30 @@ class Engine:
         else:
             mask = tree_mask(tree, prefix, self.model.dtype, self.device, pad)      # [1, 1, m, prefix+m]
             pos = tree_positions(tree, prefix, self.device, pad)                     # [1, m]
-        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache.hf, use_cache=True)
-        return out.logits[0, :n1]                                                    # [n+1, V] (pad rows dropped)
+        return self.target.forward(ids, cache, pos, mask, logit_rows=n1)             # [n+1, V] (pad rows dropped)
 
-    def _prefill(self, cache: KVCache, ids: list[int]) -> None:
+    def _prefill(self, cache, ids: list[int]) -> None:
         x = torch.tensor(ids, device=self.device)[None]                               # [1, P-1]
-        self.model(input_ids=x, cache=cache.hf, use_cache=True, logits_to_keep=1)
+        self.target.forward(x, cache, logit_rows=-1)
 
     def _hidden(self, row: int) -> dict | None:
-        return self.capture.rows(row) if self.capture else None
+        """Hidden vectors [d] at verify row `row` of the last forward, for every site (copies)."""
+        return {k: v[0, row].detach().clone() for k, v in self.target.last.items()} if self.sites else None
 
     def _feed_features(self, rows: list[int] | slice) -> None:
         """Give feature-reading drafters the target's hidden states at the newly cached positions."""
         for d in self.feature_drafters:
-            d.add_features({s: self.capture.last[s][0, rows] for s in d.sites})  # site -> [n_new, d]
+            d.add_features({s: self.target.last[s][0, rows] for s in d.sites})   # site -> [n_new, d]
 
     # -- the loop --------------------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], generator: torch.Generator | None = None) -> Iterator[StepEvent]:
-        """Decode `prompt_ids`, yielding one StepEvent per target forward. Capture hooks are attached to the
-        model only while this generator runs."""
-        if self.capture:
-            self.capture.attach()
+        """Decode `prompt_ids`, yielding one StepEvent per target forward. Capture hooks (transformers' forward)
+        are attached to the model only while this generator runs."""
+        self.target.attach()
         try:
             yield from self._generate(prompt_ids, generator)
         finally:
-            if self.capture:
-                self.capture.close()
+            self.target.close()
 
     @torch.inference_mode()
     def _generate(self, prompt_ids: Sequence[int], generator: torch.Generator | None) -> Iterator[StepEvent]:
@@ -118,7 +115,7 @@ class Engine:
         if not sampling.greedy and generator is None:
             generator = torch.Generator().manual_seed(0)
         t_start = time.perf_counter()
-        cache = KVCache(self.model.config)
+        cache = self.target.new_cache(min(self.max_length, len(tokens) + cfg.max_new_tokens + cfg.budget + 1))
         hidden = None
         if len(tokens) > 1:
             self._prefill(cache, tokens[:-1])

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .calibrate import device_cost
+from .target import resolve_forward
 from .config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, TreeConfig
 from .costs import VerifyCost
 from .drafters.draft_model import DraftModelDrafter
@@ -153,8 +154,12 @@ def build_engine(method: str, lm: LoadedModel, drafters: Drafters | None = None,
     if name.endswith("-paper"):
         gate = replace(gate, mode="paper")
     drafters = drafters or Drafters(lm)
+    try:
+        resolve_forward(lm.model, engine.forward)
+    except ValueError as e:
+        raise SetupError(str(e)) from None
     if isinstance(cost, str):
-        cost = device_cost(lm)
+        cost = device_cost(lm, forward=engine.forward)
     cost_gate = uses_cost_gate(name, neural, gate)
     if cost_gate and name in NEEDS_PROBE:
         copy = replace(copy, kappa=gate.kappa)

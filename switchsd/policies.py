@@ -114,16 +114,25 @@ class CostAware:
     copy path per probe-score bucket; verify ms come from the device's calibrated curve (`VerifyCost`, padded
     envelope), rescaled by what the verify forwards actually take; drafter ms are measured (`EmaTimer`).
     When the best option is a plain step, the neural drafter is re-tried (chain 1) once every K plain steps,
-    K chosen so that such probes cost at most `explore` of the time. Lossless: it only chooses drafts."""
+    K chosen so that such probes cost at most `explore` of the time.
+    When copying is not plausible, a `lookup` drafter (prompt lookup: the continuation of the last 1-2 tokens'
+    earliest earlier occurrence, <= 10 tokens) is one more option, priced by its own acceptance, learnt per
+    probe-score bucket below tau: short accidental repeats (names, code tokens, formulas) pay on devices where
+    a few more verify rows cost little, and the long copy path stays reserved for copy intent.
+    Lossless: it only chooses drafts."""
 
     def __init__(self, copy, neural, tau: float | None, cost: VerifyCost, explore: float = 0.01,
-                 buckets: int = 4):
-        self.copy, self.neural, self.cost, self.explore = copy, neural, cost, float(explore)
+                 buckets: int = 4, lookup=None):
+        self.copy, self.neural, self.lookup = copy, neural, lookup if copy is not None else None
+        self.cost, self.explore = cost, float(explore)
         self.tau = None if tau is None else float(tau)
-        self.drafters = [d for d in (copy, neural) if d is not None]
+        self.drafters = [d for d in (copy, neural, self.lookup) if d is not None]
         lo = self.tau if self.tau is not None else 0.0
         self.edges = [lo + (1 - lo) * i / buckets for i in range(1, buckets)]
         self.copy_acc = [Survival(prior=0.7, weight=2.0) for _ in range(buckets)]
+        self.low_edges = [lo * i / buckets for i in range(1, buckets)]      # probe-score buckets below tau
+        self.lookup_acc = [Survival(prior=0.3, weight=2.0) for _ in range(buckets)]
+        self.lookup_ms = EmaTimer(guess_ms=0.002 * cost.ms(1))
         self.neural_acc = Survival(prior=0.4, weight=2.0)
         base = cost.ms(1)
         self.copy_ms = EmaTimer(guess_ms=0.002 * base)
@@ -160,6 +169,12 @@ class CostAware:
             out.append((d, min(1 + len(prefixes), limit)))
         return out
 
+    def _lookup_draft(self, state: PolicyState, limit: int) -> list[tuple[int, int]]:
+        """(depth, rows) of the prompt-lookup draft cut at each depth (one candidate: rows = depth + 1)."""
+        draft = self.lookup.propose(DraftRequest(tokens=state.tokens, max_len=state.max_len, budget=limit - 1))
+        n = min(len(draft.candidates[0]), limit - 1) if draft else 0
+        return [(d, d + 1) for d in range(1, n + 1)]
+
     @staticmethod
     def _reach(acc: Survival, depth: int) -> list[float]:
         """P(at least i draft tokens accepted), i = 1..depth."""
@@ -179,6 +194,14 @@ class CostAware:
         # option: (expected tokens per ms, choice, copy depth, neural depth, verify rows)
         options = [(1.0 / V(1), "plain", 0, 0, 1)]
         copy_cuts = self._copy_draft(state, limit) if plausible and state.max_len > 0 and limit > 1 else []
+        low = None
+        if self.lookup is not None and not plausible and state.max_len > 0 and limit > 1:
+            low = sum(score >= e for e in self.low_edges) if score is not None else 0
+            l_cuts = self._lookup_draft(state, limit)
+            lsum = list(accumulate(self._reach(self.lookup_acc[low], len(l_cuts)), initial=0.0))
+            l_ms = self.lookup_ms.get(1)
+            for d, rows in l_cuts:
+                options.append(((1 + lsum[d]) / (V(rows) + l_ms), "lookup", d, 0, rows))
         shapes = self._neural_shapes(state.max_len, limit) if self.neural is not None and state.max_len > 0 \
             and limit > 1 else []
         c_ms = self.copy_ms.get(1)
@@ -205,13 +228,13 @@ class CostAware:
                 best = next(o for o in options if o[1] == "neural" and o[3] == 1)
                 explore, self.plain_run = True, 0
         value, choice, d, g, rows = best
-        self._chosen = {"choice": choice, "bucket": bucket}
+        self._chosen = {"choice": choice, "bucket": bucket, "low": low}
         top = sorted(options, key=lambda o: -o[0])[:4]
         gate = {"mode": "cost", "probe": score, "tau": tau, "kgram_match": match, "copy": plausible,
                 "choice": choice, "copy_depth": d, "neural_depth": g, "explore": explore,
                 "expected_tok_s": {_label(c, cd, ng): round(1000 * v, 1) for v, c, cd, ng, _ in top},
                 "max_len": max(d, g), "rows": rows, "merge": choice == "copy+neural"}
-        drafters = {"plain": [], "copy": [self.copy], "neural": [self.neural],
+        drafters = {"plain": [], "copy": [self.copy], "neural": [self.neural], "lookup": [self.lookup],
                     "copy+neural": [self.copy, self.neural]}[choice]
         return drafters, gate
 
@@ -231,7 +254,10 @@ class CostAware:
             cands = [c for c, s in zip(event.candidates, sources) if s == path]
             depth = max(len(c) for c in cands)
             acc = max(_common(c, got or []) for c in cands)
-            if path == "copy":
+            if path == "copy" and self._chosen.get("choice") == "lookup":
+                self.lookup_acc[self._chosen.get("low") or 0].update(depth, acc)
+                self.lookup_ms.add(1, draft_ms)
+            elif path == "copy":
                 b = self._chosen.get("bucket")
                 self.copy_acc[b if b is not None else -1].update(depth, acc)
                 self.copy_ms.add(1, draft_ms if len(set(sources)) == 1 else 0.1 * draft_ms)
@@ -242,7 +268,8 @@ class CostAware:
 
 
 def _label(choice: str, copy_depth: int, neural_depth: int) -> str:
-    return {"plain": "plain", "copy": f"copy{copy_depth}", "neural": f"chain{neural_depth}"}.get(
+    return {"plain": "plain", "copy": f"copy{copy_depth}", "neural": f"chain{neural_depth}",
+            "lookup": f"lookup{copy_depth}"}.get(
         choice, f"copy{copy_depth}+chain{neural_depth}")
 
 

@@ -103,14 +103,13 @@ def test_cost_gate_greedy_equals_vanilla(tiny_model, cost):
 
 def test_padded_forward_gives_the_unpadded_logits(tiny_model):
     """Engine._forward with and without padding: the real rows' logits agree to float64 precision."""
-    from switchsd.cache import KVCache
     from switchsd.tree import build_tree
     ids = random_prompt(3, 12)
     tree = build_tree(ids[-1], [[5, 6, 7], [5, 9]], 32)
     outs = []
     for cost in (None, VerifyCost({1: 1.0, 2: 9.0, 16: 2.0})):
         eng = Engine(tiny_model, build_policy("vanilla"), EngineConfig(budget=16), cost=cost)
-        cache = KVCache(tiny_model.config)
+        cache = eng.target.new_cache(8)
         with torch.no_grad():
             eng._prefill(cache, ids[:-1])
             outs.append(eng._forward(cache, tree))

@@ -90,7 +90,9 @@ def test_switchsd_and_bandit_greedy_equal_vanilla(tiny_model, method):
             if method == "switchsd":
                 for e in res.events:
                     assert e.probe_score is not None and e.gate is not None
-                    if e.path == "copy":
+                    if e.gate["choice"] == "lookup":     # short prompt lookup: only where copying is implausible
+                        assert e.path == "copy" and not e.gate["copy"] and len(e.candidates) == 1
+                    elif e.path == "copy":                # the copy path proper needs probe AND kappa-gram
                         assert e.gate["copy"] and e.probe_score >= tau and e.gate["kgram_match"]
     assert {"copy", "neural"} <= paths
 

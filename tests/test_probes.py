@@ -55,7 +55,8 @@ def test_decision_alignment():
 def test_copydiversity_tiers_and_split():
     rows = build(1000, seed=1)
     assert len({r["prompt"] for r in rows}) == 1000
-    assert len({r["type"] for r in rows}) == 17
+    assert len({r["type"] for r in rows}) == 32          # 17 original types + 15 broadened families
+    assert len({r["type"] for r in build(1000, seed=1, broad=False)}) == 17
     for tier, share in TIER_SHARE.items():
         assert abs(sum(r["tier"] == tier for r in rows) / 1000 - share) < 0.002
     assert sum(r["split"] == "val" for r in rows) == 200
@@ -197,7 +198,7 @@ def test_shipped_probe_on_out_of_template_prompts(real_lm, tmp_path):
 def test_held_out_copydiversity_prompts_are_fresh(tmp_path):
     from probes import copydiversity
     rows = copydiversity.held_out(48, seed=12345)
-    train = {r["prompt"] for r in copydiversity.build(1000, 0)}
+    train = {r["prompt"] for r in copydiversity.build(1200, 0)}   # the shipped probe's training set
     assert len(rows) == 48 and not {r["prompt"] for r in rows} & train
     assert rows == copydiversity.held_out(48, seed=12345)
     assert {r["tier"] for r in rows} >= {"heavy", "light"}

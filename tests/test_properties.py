@@ -8,16 +8,13 @@ change), a wrong rollback (stale or missing KV rows) or a wrong acceptance walk.
 """
 from __future__ import annotations
 
-from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import switchsd.engine as engine_mod
 from helpers import (EOS, VOCAB, assert_cache_matches, greedy_reference, looping_prompt, random_prompt,
                      repetitive_prompt)
-from switchsd.cache import KVCache
 from switchsd.config import EngineConfig
 from switchsd.drafters.base import Draft, DraftRequest
 from switchsd.engine import Engine
@@ -26,13 +23,12 @@ from switchsd.policies import Fixed
 MAX_NEW = 16
 
 
-class RecordingKVCache(KVCache):
-    """KVCache that remembers its instances, so the test can inspect the engine's private cache."""
-    instances: list["RecordingKVCache"] = []
-
-    def __init__(self, config):
-        super().__init__(config)
-        RecordingKVCache.instances.append(self)
+def recording(eng) -> list:
+    """Make `eng` remember the caches it creates (its target's `new_cache`), so the test can inspect them."""
+    made: list = []
+    new_cache = eng.target.new_cache
+    eng.target.new_cache = lambda capacity: made.append(new_cache(capacity)) or made[-1]
+    return made
 
 
 class ScriptedDrafter:
@@ -113,23 +109,22 @@ def test_any_candidates_keep_greedy_output_and_exact_cache(tiny_model, pool):
         n = data.draw(st.integers(1, MAX_NEW), label="max_new_tokens")
         drafter = ScriptedDrafter(lambda req: draw_candidates(data, ref[len(req.tokens) - len(prompt):]))
         eng = Engine(tiny_model, Fixed([drafter]), EngineConfig(max_new_tokens=n, budget=budget), eos_ids=[eos])
-        RecordingKVCache.instances.clear()
+        made = recording(eng)
         out: list[int] = []
-        with mock.patch.object(engine_mod, "KVCache", RecordingKVCache):
-            for ev in eng.generate(prompt):
-                assert len(RecordingKVCache.instances) == 1
-                cache = RecordingKVCache.instances[0]
-                out.extend(ev.new_tokens)
-                assert out == ref[:len(out)], "a candidate set changed the greedy output"
-                assert ev.n_verified <= budget
-                assert_cache_matches(tiny_model, cache.layer_tensors(), prompt + out[:-1])
-                # bookkeeping for the coverage assertions below
-                seen["steps"] += 1
-                parents = ev.tree_parents
-                seen["branching"] += len(set(parents)) < len(parents)
-                seen["gather"] += ev.accepted_rows != list(range(1, len(ev.accepted_rows) + 1))
-                seen["accepted"] += len(ev.accepted)
-                seen["eos_cut"] += ev.finished == "eos" and ev.bonus is None
+        for ev in eng.generate(prompt):
+            assert len(made) == 1
+            cache = made[0]
+            out.extend(ev.new_tokens)
+            assert out == ref[:len(out)], "a candidate set changed the greedy output"
+            assert ev.n_verified <= budget
+            assert_cache_matches(tiny_model, cache.layer_tensors(), prompt + out[:-1])
+            # bookkeeping for the coverage assertions below
+            seen["steps"] += 1
+            parents = ev.tree_parents
+            seen["branching"] += len(set(parents)) < len(parents)
+            seen["gather"] += ev.accepted_rows != list(range(1, len(ev.accepted_rows) + 1))
+            seen["accepted"] += len(ev.accepted)
+            seen["eos_cut"] += ev.finished == "eos" and ev.bonus is None
         assert out == ref[:n]
         for n_tokens, max_len, req_budget in drafter.requests:
             assert req_budget == budget - 1
@@ -149,13 +144,12 @@ def _run_scripted(model, prompt, eos, n, budget, script):
     invariants and the cache after every step. Returns the events."""
     drafter = ScriptedDrafter(lambda req: script.pop(0) if script else [])
     eng = Engine(model, Fixed([drafter]), EngineConfig(max_new_tokens=n, budget=budget), eos_ids=[eos])
-    RecordingKVCache.instances.clear()
+    made = recording(eng)
     events, out = [], []
-    with mock.patch.object(engine_mod, "KVCache", RecordingKVCache):
-        for ev in eng.generate(prompt):
-            out.extend(ev.new_tokens)
-            assert_cache_matches(model, RecordingKVCache.instances[0].layer_tensors(), prompt + out[:-1])
-            events.append(ev)
+    for ev in eng.generate(prompt):
+        out.extend(ev.new_tokens)
+        assert_cache_matches(model, made[0].layer_tensors(), prompt + out[:-1])
+        events.append(ev)
     return events, out
 
 

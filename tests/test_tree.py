@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import assert_cache_matches, random_prompt
-from switchsd.cache import KVCache
 from switchsd.config import EngineConfig
 from switchsd.engine import Engine
 from switchsd.policies import Fixed
@@ -125,18 +124,19 @@ def test_tree_mask_and_positions():
 
 
 # ------------------------------------------------------------------------------- tree forward and cache
-def _engine(model):
-    return Engine(model, Fixed([]), EngineConfig(max_new_tokens=8))
+def _engine(model, forward="hf"):
+    return Engine(model, Fixed([]), EngineConfig(max_new_tokens=8, forward=forward))
 
 
 @torch.no_grad()
 def _prefilled(model, eng, tokens):
-    cache = KVCache(model.config)
+    cache = eng.target.new_cache(8)    # small on purpose: the lean cache must grow
     if len(tokens) > 1:
         eng._prefill(cache, tokens[:-1])
     return cache
 
 
+FORWARDS = ["hf", "lean"]   # transformers' forward + DynamicCache, the lean forward + StaticKVCache
 TREES = [
     [[5, 6, 7], [5, 6, 8], [5, 9], [10, 11]],  # branching trie
     [[3, 4, 5, 6]],                            # a chain (no mask: causal + cache)
@@ -144,11 +144,12 @@ TREES = [
 ]
 
 
+@pytest.mark.parametrize("forward", FORWARDS)
 @pytest.mark.parametrize("cands", TREES)
 @pytest.mark.parametrize("prompt_len", [1, 9])
-def test_tree_forward_equals_per_path_forward(tiny_model, cands, prompt_len):
+def test_tree_forward_equals_per_path_forward(tiny_model, cands, prompt_len, forward):
     prompt = random_prompt(40, prompt_len)
-    eng = _engine(tiny_model)
+    eng = _engine(tiny_model, forward)
     cache = _prefilled(tiny_model, eng, prompt)
     tree = build_tree(prompt[-1], cands, budget=32)
     with torch.no_grad():
@@ -160,11 +161,12 @@ def test_tree_forward_equals_per_path_forward(tiny_model, cands, prompt_len):
             assert torch.allclose(logits[r], ref, atol=1e-10, rtol=0), f"row {r} of {cands}"
 
 
+@pytest.mark.parametrize("forward", FORWARDS)
 @pytest.mark.parametrize("cands", TREES)
-def test_kvcache_keep_every_path_matches_fresh_prefill(tiny_model, cands):
+def test_kvcache_keep_every_path_matches_fresh_prefill(tiny_model, cands, forward):
     """Roll back to every root-to-node path (contiguous crops and non-contiguous gathers)."""
     prompt = random_prompt(41, 9)
-    eng = _engine(tiny_model)
+    eng = _engine(tiny_model, forward)
     tree = build_tree(prompt[-1], cands, budget=32)
     non_contiguous = 0
     for target_row in range(len(tree.tokens)):

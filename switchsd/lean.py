@@ -1,0 +1,259 @@
+"""A lean forward for Llama-family targets: the same arithmetic as transformers' forward, less around it.
+
+transformers' Llama forward spends a third of a one-token decode step outside the matrix multiplies on a
+small model (module dispatch, mask construction, a cache that concatenates), and on CPUs its bfloat16
+`F.linear` repacks every weight on every call. This forward keeps the math op for op (RMSNorm in float32,
+rotary tables computed as transformers computes them, SDPA called the way transformers calls it) and changes
+only how it is driven:
+
+- q/k/v and gate/up projections fused into one matrix each (the same dot products per output column);
+- on CPU in bfloat16/float16, weights packed once for oneDNN (`mkldnn._linear_pointwise`) instead of on
+  every call; float32 keeps MKL's `F.linear` (its one-row path is already at the memory floor);
+- a preallocated key/value cache (`StaticKVCache`) written in place, rolled back by a length and a gather;
+- hidden states at the requested sites recorded as the forward runs (no hooks).
+
+Supported: `supports(model)` says why not (other architectures run on transformers' forward). The
+equality with transformers' forward is a test (`tests/test_lean.py`): logits within float rounding in
+float32, and the same greedy tokens.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED = ("llama", "mistral", "qwen2")
+MAX_FAST_ROWS = 32       # verify forwards are at most this wide; longer inputs are prefills
+Site = tuple[int, str]
+
+
+def supports(model) -> str | None:
+    """None when `model` can run on the lean forward, else the reason it cannot."""
+    cfg = getattr(model, "config", None)
+    kind = getattr(cfg, "model_type", None)
+    if kind not in SUPPORTED:
+        return f"model type {kind!r} (lean forward: {', '.join(SUPPORTED)})"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"activation {cfg.hidden_act!r}"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        return f"rope type {rope.get('rope_type')!r}"
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True) is not False \
+            and cfg.sliding_window < cfg.max_position_embeddings:
+        return "sliding-window attention"
+    if getattr(cfg, "pretraining_tp", 1) != 1:
+        return "pretraining_tp > 1"
+    if not hasattr(getattr(model, "model", None), "layers"):
+        return "no model.layers"
+    return None
+
+
+class StaticKVCache:
+    """Keys/values of every cached position in preallocated tensors, written in place.
+
+    k, v: [layers, 1, kv_heads, capacity, head_dim]; positions [0, len) are valid. Same interface as
+    `switchsd.cache.KVCache`: `len`, `crop(length)`, `keep(prefix_len, rows)`."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype, device):
+        shape = (layers, 1, kv_heads, max(1, capacity), head_dim)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+    @torch.inference_mode()
+    def reserve(self, n: int) -> None:
+        """Make room for `n` positions (doubling; the valid prefix is copied)."""
+        if n <= self.capacity:
+            return
+        cap = max(n, 2 * self.capacity)
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = old.new_empty(old.shape[:3] + (cap,) + old.shape[4:])
+            new[:, :, :, :self.length] = old[:, :, :, :self.length]
+            setattr(self, name, new)
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, max(0, length))
+
+    @torch.inference_mode()
+    def keep(self, prefix_len: int, rows: Iterable[int]) -> None:
+        """Keep positions [0, prefix_len) plus prefix_len + r for r in `rows` (ascending), drop the rest."""
+        rows = list(rows)
+        if rows != list(range(len(rows))):
+            idx = torch.tensor(rows, device=self.k.device) + prefix_len
+            n = len(rows)
+            self.k[:, :, :, prefix_len:prefix_len + n] = self.k.index_select(3, idx)
+            self.v[:, :, :, prefix_len:prefix_len + n] = self.v.index_select(3, idx)
+        self.crop(prefix_len + len(rows))
+
+    def layer_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (keys, values), each [1, kv_heads, len, head_dim] (views)."""
+        return [(self.k[i, :, :, :self.length], self.v[i, :, :, :self.length]) for i in range(self.k.shape[0])]
+
+
+class _Linear:
+    """y = x [W1; W2; ...]^T: one fused matrix, packed once for oneDNN on CPU in 16-bit floats.
+
+    The fused (and packed) product is used for inputs of up to `exact_rows` rows, the number of rows for
+    which it was checked to give bit for bit what transformers computes (one `F.linear` per original
+    matrix); larger inputs (long prefills) run the original matrices one by one."""
+
+    def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor | None]], exact_rows: int | None = None):
+        self.parts = parts
+        self.weight = torch.cat([w for w, _ in parts]) if len(parts) > 1 else parts[0][0]    # [N, K]
+        biases = [b for _, b in parts]
+        self.bias = None if all(b is None for b in biases) else torch.cat(
+            [b if b is not None else w.new_zeros(w.shape[0]) for w, b in parts])
+        self.packed = None
+        w = self.weight
+        if w.device.type == "cpu" and w.dtype in (torch.bfloat16, torch.float16) and torch.backends.mkldnn.is_available():
+            try:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(w, 1)
+            except (RuntimeError, AttributeError):
+                self.packed = None
+        self.exact_rows = self.check_rows() if exact_rows is None else exact_rows
+
+    def fast(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+    def exact(self, x: torch.Tensor) -> torch.Tensor:
+        outs = [F.linear(x, w, b) for w, b in self.parts]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+    @torch.inference_mode()
+    def check_rows(self, most: int = MAX_FAST_ROWS) -> int:
+        """The largest m <= `most` such that the fast product equals the exact one for every 1..m rows."""
+        g = torch.Generator().manual_seed(0)
+        for m in range(1, most + 1):
+            x = torch.randn(1, m, self.weight.shape[1], generator=g).to(self.weight)
+            try:
+                same = torch.equal(self.fast(x), self.exact(x))
+            except RuntimeError:
+                same = False
+            if not same:
+                return m - 1
+        return most
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fast(x) if x.shape[-2] <= self.exact_rows else self.exact(x)
+
+
+class LeanLlama:
+    """The target's forward, driven lean. Shares the model's weights (fused copies of q/k/v and gate/up)."""
+
+    def __init__(self, model):
+        why = supports(model)
+        if why:
+            raise ValueError(f"the lean forward does not support this model: {why}")
+        cfg = model.config
+        self.config, self.model = cfg, model
+        self.n_layers, self.heads, self.kv_heads = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.eps = cfg.rms_norm_eps
+        p = next(model.parameters())
+        self.dtype, self.device = p.dtype, p.device
+        inner = model.model
+        self.embed = inner.embed_tokens.weight                                     # [V, d]
+        wb = lambda lin: (lin.weight, getattr(lin, "bias", None))                 # noqa: E731
+        self.layers, rows = [], {}       # rows: per projection, checked on the first layer, shared by the rest
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            lins = {"qkv": [wb(a.q_proj), wb(a.k_proj), wb(a.v_proj)],                  # [(H+2KV)*hd, d]
+                    "o": [wb(a.o_proj)], "gate_up": [wb(m.gate_proj), wb(m.up_proj)],   # [2I, d]
+                    "down": [wb(m.down_proj)]}
+            made = {k: _Linear(v, rows.get(k)) for k, v in lins.items()}
+            rows = {k: v.exact_rows for k, v in made.items()}
+            self.layers.append((layer.input_layernorm.weight, made["qkv"], made["o"],
+                                layer.post_attention_layernorm.weight, made["gate_up"], made["down"]))
+        self.exact_rows = min([*rows.values(), MAX_FAST_ROWS])
+        self.norm = inner.norm.weight
+        self.head = _Linear([wb(model.lm_head)])
+        self.inv_freq = inner.rotary_emb.inv_freq.float()                          # [hd/2]
+        self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
+        self.split = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
+        self.groups = self.heads // self.kv_heads
+        self.scale = self.head_dim ** -0.5
+
+    @classmethod
+    def of(cls, model) -> "LeanLlama":
+        """The model's lean forward, built once and kept on the model (packing takes ~1 s)."""
+        lean = getattr(model, "_switchsd_lean", None)
+        if lean is None or lean.dtype != next(model.parameters()).dtype:
+            lean = cls(model)
+            model._switchsd_lean = lean
+        return lean
+
+    def new_cache(self, capacity: int) -> StaticKVCache:
+        return StaticKVCache(self.n_layers, self.kv_heads, self.head_dim, capacity, self.dtype, self.device)
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        xf = x.to(torch.float32)
+        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+    def _rotary(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = pos[..., None].float() * self.inv_freq.to(pos.device)              # [1, T, hd/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos() * self.rope_scale, emb.sin() * self.rope_scale
+        return cos.to(self.dtype)[:, None], sin.to(self.dtype)[:, None]            # [1, 1, T, hd]
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    def _repeat(self, t: torch.Tensor) -> torch.Tensor:                          # [1, KV, S, hd] -> [1, H, S, hd]
+        b, kv, s, hd = t.shape
+        return t[:, :, None].expand(b, kv, self.groups, s, hd).reshape(b, kv * self.groups, s, hd)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, cache: StaticKVCache, position_ids: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, sites: Iterable[Site] = (), logit_rows: int | None = None
+                ) -> tuple[torch.Tensor, dict[Site, torch.Tensor]]:
+        """ids: [1, T] appended after the cache's `len` positions. `mask`: None (causal) or an additive float
+        mask [1, 1, T, len + T] (trees, padded rows). Returns logits [R, V] for the first `logit_rows` rows
+        (None: all; -1: the last row only), and the hidden states at `sites` ({site: [1, T, d]})."""
+        T, start = ids.shape[1], len(cache)
+        end = start + T
+        cache.reserve(end)
+        if position_ids is None:
+            position_ids = torch.arange(start, end, device=ids.device)[None]
+        cos, sin = self._rotary(position_ids)
+        want = {(int(a), str(b)) for a, b in sites}
+        captured: dict[Site, torch.Tensor] = {}
+        if mask is None and T > 1 and start > 0:      # causal over the cached prefix, as transformers builds it
+            mask = torch.ones(T, end, dtype=torch.bool, device=ids.device).tril(start)[None, None]
+        x = F.embedding(ids, self.embed)                                           # [1, T, d]
+        H, KV, hd = self.heads, self.kv_heads, self.head_dim
+        for i, (n1, qkv, o_proj, n2, gate_up, down) in enumerate(self.layers):
+            q, k, v = qkv(self._rms(x, n1)).split(self.split, dim=-1)
+            q = self._rotate(q.view(1, T, H, hd).transpose(1, 2), cos, sin)        # [1, H, T, hd]
+            k = self._rotate(k.view(1, T, KV, hd).transpose(1, 2), cos, sin)       # [1, KV, T, hd]
+            cache.k[i, :, :, start:end] = k
+            cache.v[i, :, :, start:end] = v.view(1, T, KV, hd).transpose(1, 2)
+            keys, values = cache.k[i, :, :, :end], cache.v[i, :, :, :end]         # [1, KV, end, hd]
+            if mask is None:
+                att = F.scaled_dot_product_attention(q, keys, values, is_causal=T > 1, scale=self.scale,
+                                                     enable_gqa=self.groups > 1)
+            else:
+                att = F.scaled_dot_product_attention(q, self._repeat(keys), self._repeat(values),
+                                                     attn_mask=mask, scale=self.scale)
+            x = x + o_proj(att.transpose(1, 2).reshape(1, T, H * hd))
+            if (i, "attn") in want:
+                captured[(i, "attn")] = x
+            g, u = gate_up(self._rms(x, n2)).chunk(2, dim=-1)
+            x = x + down(F.silu(g) * u)
+            if (i, "mlp") in want:
+                captured[(i, "mlp")] = x
+        cache.length = end
+        x = x[0, -1:] if logit_rows == -1 else x[0, :logit_rows]
+        return self.head(self._rms(x, self.norm)), captured                        # [R, V]

@@ -1,0 +1,115 @@
+"""The lean forward computes transformers' numbers: bit-for-bit equal logits and hidden states for prefills,
+one-token steps, causal chains and tree-masked verify forwards (tiny float64 Llama, and the real model in
+float32 and bfloat16), the same greedy tokens for every method, and a cache that grows and rolls back."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from helpers import STANDALONE_METHODS, make_engine, random_prompt, repetitive_prompt
+from switchsd.config import EngineConfig
+from switchsd.lean import LeanLlama, StaticKVCache, supports
+from switchsd.target import HFTarget, LeanTarget, make_target, resolve_forward
+from switchsd.tree import build_tree, tree_mask, tree_positions
+
+SITES = [(0, "attn"), (1, "mlp")]
+
+
+def _both(model, sites=SITES):
+    hf, lean = HFTarget(model, sites), LeanTarget(model, sites)
+    hf.attach()
+    return hf, lean
+
+
+def _same_step(hf, lean, ch, cl, ids, pos=None, mask=None, rows=None):
+    a = hf.forward(ids, ch, pos, mask, logit_rows=rows)
+    b = lean.forward(ids, cl, pos, mask, logit_rows=rows)
+    assert torch.equal(a, b), f"logits differ by {(a - b).abs().max().item()}"
+    for site in hf.last:
+        assert torch.equal(hf.last[site], lean.last[site]), f"hidden state {site} differs"
+    assert len(ch) == len(cl)
+    return a
+
+
+@torch.inference_mode()
+def _check_model(model, prompt, vocab):
+    hf, lean = _both(model)
+    ch, cl = hf.new_cache(4), lean.new_cache(4)       # the lean cache starts too small: it must grow
+    dev = next(model.parameters()).device
+    last = _same_step(hf, lean, ch, cl, torch.tensor([prompt[:-1]], device=dev), rows=-1)   # prefill
+    tok = prompt[-1]
+    for _ in range(4):                                                                       # one-token steps
+        last = _same_step(hf, lean, ch, cl, torch.tensor([[tok]], device=dev))
+        tok = int(last[-1].argmax())
+    chain = [tok, 3, 4, 5]                                                                   # a causal chain
+    _same_step(hf, lean, ch, cl, torch.tensor([chain], device=dev))
+    ch.crop(len(ch) - 3), cl.crop(len(cl) - 3)
+    tree = build_tree(chain[1], [[5, 6, 7], [5, 8], [9 % vocab]], budget=16)              # a masked tree
+    prefix = len(ch)
+    mask = tree_mask(tree, prefix, next(model.parameters()).dtype, dev, pad=2)
+    pos = tree_positions(tree, prefix, dev, pad=2)
+    ids = torch.tensor([tree.tokens + [tree.tokens[0]] * 2], device=dev)
+    _same_step(hf, lean, ch, cl, ids, pos, mask, rows=len(tree.tokens))
+    keep = [0] + tree.path_to(len(tree.tokens) - 1)                                        # non-contiguous
+    ch.keep(prefix, keep), cl.keep(prefix, keep)
+    _same_step(hf, lean, ch, cl, torch.tensor([[11]], device=dev))
+
+
+def test_lean_equals_transformers_tiny(tiny_model):
+    _check_model(tiny_model, random_prompt(3, 12), tiny_model.config.vocab_size)
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_lean_equals_transformers_real(real_lm, dtype):
+    """Prefills longer than the fast-path width (45 tokens) run the original matrices; verify forwards the
+    fused, packed ones; both give transformers' numbers bit for bit."""
+    from switchsd.models import load_model
+    lm = real_lm if dtype == "float32" else load_model(dtype=dtype, device="cpu")
+    prompt = lm.encode("Write a Python function that reverses a linked list, then explain it.", chat=True)
+    assert len(prompt) > LeanLlama.of(lm.model).exact_rows
+    _check_model(lm.model, prompt, lm.model.config.vocab_size)
+
+
+@pytest.mark.parametrize("method", STANDALONE_METHODS)
+def test_every_method_same_tokens_on_both_forwards(tiny_model, method):
+    prompt = repetitive_prompt(5)
+    outs = []
+    for forward in ("hf", "lean"):
+        eng = make_engine(tiny_model, method, max_new_tokens=24)
+        eng.target = make_target(tiny_model, eng.sites, forward)
+        assert eng.target.kind == forward
+        outs.append(eng.run(prompt).token_ids)
+    assert outs[0] == outs[1]
+
+
+def test_static_cache_grows_and_keeps():
+    c = StaticKVCache(layers=2, kv_heads=1, head_dim=2, capacity=2, dtype=torch.float32, device="cpu")
+    with torch.inference_mode():
+        c.reserve(5)
+        c.k[:, :, :, :5] = torch.arange(5.0)[None, None, None, :, None]
+        c.length = 5
+        c.reserve(40)                                  # grows, the valid prefix moves along
+        assert c.capacity >= 40 and c.k[0, 0, 0, :5, 0].tolist() == [0, 1, 2, 3, 4]
+        c.keep(1, [0, 2, 3])                           # positions 1, 3, 4 kept after the prefix 0
+        assert len(c) == 4 and c.k[1, 0, 0, :4, 1].tolist() == [0, 1, 3, 4]
+        c.crop(2)
+        assert len(c) == 2 and c.layer_tensors()[0][0].shape == (1, 1, 2, 2)
+
+
+def test_unsupported_models_fall_back_with_a_reason():
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=32, n_positions=16))
+    assert "gpt2" in supports(gpt2)
+    assert resolve_forward(gpt2, "auto") == "hf"
+    with pytest.raises(ValueError, match="lean forward does not support"):
+        resolve_forward(gpt2, "lean")
+    with pytest.raises(ValueError, match="forward must be"):
+        resolve_forward(gpt2, "fast")
+    with pytest.raises(ValueError, match="forward must be"):
+        EngineConfig(forward="fast")
+
+
+def test_engine_uses_the_lean_forward_by_default(tiny_model):
+    eng = make_engine(tiny_model, "vanilla")
+    assert eng.target.kind == "lean"
