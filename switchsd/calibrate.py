@@ -9,7 +9,9 @@ and what verify forwards are padded by (`switchsd.costs.VerifyCost`); an engine 
 device measures a short curve itself on first use (a few seconds). With `--dtype auto` on a CPU both float32
 and bfloat16 are measured and the faster one for decoding (the one-token forward) becomes this device's
 `--dtype auto` (recorded in `dtype-cpu.json`). The default budget is the largest n whose forward costs at
-most `ratio` x a one-token forward (default 2.0).
+most `ratio` x a one-token forward (default 2.0). Recorded with the curve: per drafting shape (chains, copy
+tries, EAGLE's tree) the expected accepted draft tokens at which it starts to pay here (`break_even`); the
+cost gate makes that comparison every step with its online acceptance estimates.
 """
 from __future__ import annotations
 
@@ -83,7 +85,7 @@ def matmul_floor(lm: LoadedModel, rows: int = 1, repeats: int = 5, forward: str 
         lean = LeanLlama.of(lm.model)
         fns = [lin.fast for layer in lean.layers for lin in layer if callable(getattr(lin, "fast", None))]
         fns.append(lean.head.fast)
-        shapes = [f.__self__.weight.shape[1] for f in fns]
+        shapes = [f.__self__.in_features for f in fns]
     else:
         lins = [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
         fns = [lambda x, m=m: torch.nn.functional.linear(x, m.weight, m.bias) for m in lins]
@@ -153,7 +155,7 @@ def save(lm: LoadedModel, curve: dict[int, float], prefix: int, ratio: float, fo
     path = calibration_path(lm, forward)
     path.parent.mkdir(parents=True, exist_ok=True)
     out = {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype), "prefix": prefix,
-           "forward": resolve_forward(lm.model, forward),
+           "forward": resolve_forward(lm.model, forward), "break_even": shapes_that_pay(curve),
            "curve_ms": curve, "ratio": ratio, "budget": budget_from_curve(curve, ratio)}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(out, indent=1))
@@ -170,6 +172,19 @@ def _report(lm: LoadedModel, curve: dict[int, float], ratio: float, path: Path) 
         print(f"{n:4d} tokens  {ms:8.2f} ms  x{ms / base:5.2f}" + (f"   (padded to {pad}: {curve[pad]:.2f} ms)"
                                                                   if pad != n else ""))
     print(f"budget (largest n with cost <= {ratio} x one token): {budget_from_curve(curve, ratio)}  -> {path}")
+    print("drafting shapes that pay here: a draft beats a plain step when it is expected to get more draft tokens "
+          "accepted than")
+    print("  " + ", ".join(f"{k} {v:.2f}" for k, v in shapes_that_pay(curve).items()))
+
+
+SHAPES = {**{f"chain{g}": g + 1 for g in (1, 2, 3, 4, 5, 8)}, "copy10": 11, "copy20": 21, "tree4x5x24": 25}
+
+
+def shapes_that_pay(curve: dict[int, float]) -> dict[str, float]:
+    """Per drafting shape (its verify rows), the expected accepted draft tokens at which it starts to pay on
+    this curve (drafting time aside): the cost gate's break-even, recorded with the calibration."""
+    cost = VerifyCost(curve)
+    return {name: round(cost.break_even(rows), 3) for name, rows in SHAPES.items()}
 
 
 def main(argv=None) -> None:

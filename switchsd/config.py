@@ -107,14 +107,17 @@ class GateConfig:
     drafter. `tau` None: the probe's own (F1-optimal) threshold. `explore`: the share of time the cost gate may
     spend re-trying a drafter it currently deems too slow. `kappa`: the cost gate's kappa-gram (its copy drafter's
     n-gram too); shorter than the paper's 5 (`CopyConfig.kappa`, which the paper gate keeps) because the cost
-    model, not the n-gram length, now prices a false trigger (dev set: docs/results.md). `lookup`: when copying
-    is not plausible, the cost gate may still take a short prompt-lookup draft (<= 10 tokens) where the
-    acceptance it measures for such drafts pays for their verify rows (False: plain / neural only)."""
+    model, not the n-gram length, now prices a false trigger (dev set: docs/results.md). `lookup`: the cost gate
+    may also take a short prompt-lookup draft (<= 10 tokens, up to `lookup_candidates` distinct continuations
+    of the last 1-2 tokens' most recent occurrences, verified as a trie) where the acceptance it measures
+    for such drafts (per probe-score bucket) pays for their verify rows; the long multi-candidate copy path
+    stays gated by probe AND kappa-gram (False: copy / neural / plain only)."""
     mode: str = "cost"
     tau: float | None = None
     explore: float = 0.01
     kappa: int = 3
     lookup: bool = True
+    lookup_candidates: int = 3
 
     def __post_init__(self):
         if self.mode not in GATE_MODES:
@@ -125,3 +128,5 @@ class GateConfig:
             raise ValueError(f"explore must be in (0, 1), got {self.explore}")
         if self.kappa < 1:
             raise ValueError(f"kappa must be >= 1, got {self.kappa}")
+        if self.lookup_candidates < 1:
+            raise ValueError(f"lookup_candidates must be >= 1, got {self.lookup_candidates}")

@@ -58,6 +58,11 @@ class VerifyCost:
         which padding makes real (up to the `pad_gain` margin)."""
         return min([self.raw(n)] + [self.raw(m) for m in self.points if n < m <= (limit or m)])
 
+    def break_even(self, rows: int, draft_ms: float = 0.0) -> float:
+        """Expected accepted draft tokens a draft verified in `rows` rows (and costing `draft_ms` to write)
+        needs to commit tokens faster than a plain step: (ms(rows) + draft_ms) / ms(1) - 1."""
+        return (self.ms(rows) + draft_ms) / self.ms(1) - 1
+
 
 @dataclass
 class Survival:
@@ -83,6 +88,12 @@ class Survival:
             if i < accepted:
                 self.hits[i] += 1.0
         self.updates += 1
+
+    def relax(self, factor: float = 0.98) -> None:
+        """A step on which this path could have drafted but did not: its evidence fades towards the prior, so
+        an estimate pushed below break-even by a few misses is tried again later instead of never."""
+        self.trials = [t * factor for t in self.trials]
+        self.hits = [h * factor for h in self.hits]
 
     def p(self, i: int) -> float:
         """Conditional acceptance of position i (1-based). Unseen deep positions borrow the deepest estimate."""

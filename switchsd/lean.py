@@ -119,7 +119,10 @@ class _Linear:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(w, 1)
             except (RuntimeError, AttributeError):
                 self.packed = None
+        self.in_features, self.dtype = w.shape[1], w.dtype
         self.exact_rows = self.check_rows() if exact_rows is None else exact_rows
+        if self.packed is not None and len(parts) > 1:
+            self.weight = None           # the packed copy serves the fast path, `parts` the exact one
 
     def fast(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
@@ -135,7 +138,7 @@ class _Linear:
         """The largest m <= `most` such that the fast product equals the exact one for every 1..m rows."""
         g = torch.Generator().manual_seed(0)
         for m in range(1, most + 1):
-            x = torch.randn(1, m, self.weight.shape[1], generator=g).to(self.weight)
+            x = torch.randn(1, m, self.in_features, generator=g).to(self.dtype)
             try:
                 same = torch.equal(self.fast(x), self.exact(x))
             except RuntimeError:
@@ -180,7 +183,6 @@ class LeanLlama:
         self.head = _Linear([wb(model.lm_head)])
         self.inv_freq = inner.rotary_emb.inv_freq.float()                          # [hd/2]
         self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
-        self.split = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
         self.groups = self.heads // self.kv_heads
         self.scale = self.head_dim ** -0.5
 
@@ -204,7 +206,7 @@ class LeanLlama:
         freqs = pos[..., None].float() * self.inv_freq.to(pos.device)              # [1, T, hd/2]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos() * self.rope_scale, emb.sin() * self.rope_scale
-        return cos.to(self.dtype)[:, None], sin.to(self.dtype)[:, None]            # [1, 1, T, hd]
+        return cos.to(self.dtype)[:, :, None], sin.to(self.dtype)[:, :, None]      # [1, T, 1, hd]
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -235,11 +237,11 @@ class LeanLlama:
         x = F.embedding(ids, self.embed)                                           # [1, T, d]
         H, KV, hd = self.heads, self.kv_heads, self.head_dim
         for i, (n1, qkv, o_proj, n2, gate_up, down) in enumerate(self.layers):
-            q, k, v = qkv(self._rms(x, n1)).split(self.split, dim=-1)
-            q = self._rotate(q.view(1, T, H, hd).transpose(1, 2), cos, sin)        # [1, H, T, hd]
-            k = self._rotate(k.view(1, T, KV, hd).transpose(1, 2), cos, sin)       # [1, KV, T, hd]
-            cache.k[i, :, :, start:end] = k
-            cache.v[i, :, :, start:end] = v.view(1, T, KV, hd).transpose(1, 2)
+            heads = qkv(self._rms(x, n1)).view(1, T, H + 2 * KV, hd)             # q, k, v heads
+            qk = self._rotate(heads[:, :, :H + KV], cos, sin)                       # q and k in one go
+            q = qk[:, :, :H].transpose(1, 2)                                        # [1, H, T, hd]
+            cache.k[i, :, :, start:end] = qk[:, :, H:].transpose(1, 2)              # [1, KV, T, hd]
+            cache.v[i, :, :, start:end] = heads[:, :, H + KV:].transpose(1, 2)
             keys, values = cache.k[i, :, :, :end], cache.v[i, :, :, :end]         # [1, KV, end, hd]
             if mask is None:
                 att = F.scaled_dot_product_attention(q, keys, values, is_causal=T > 1, scale=self.scale,

@@ -47,7 +47,8 @@ def build_policy(method: str, eos_ids: Sequence[int] = (), copy: CopyConfig = Co
             raise ValueError(f"method {method!r} needs a copy-intent probe (--probe FILE)")
         if method.endswith("-paper") or gate.mode == "paper":
             return SwitchSD(CopyDrafter(copy), neural, tau)
-        lookup = PLDDrafter(max_ngram=2, num_tokens=10, eos_ids=eos_ids) if gate.lookup else None
+        lookup = PLDDrafter(max_ngram=2, num_tokens=10, eos_ids=eos_ids, candidates=gate.lookup_candidates) \
+            if gate.lookup else None
         return CostAware(CopyDrafter(copy), neural, tau, cost, gate.explore, lookup=lookup)
     if method == "banditspec":
         if neural is None:

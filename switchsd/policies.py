@@ -115,10 +115,11 @@ class CostAware:
     envelope), rescaled by what the verify forwards actually take; drafter ms are measured (`EmaTimer`).
     When the best option is a plain step, the neural drafter is re-tried (chain 1) once every K plain steps,
     K chosen so that such probes cost at most `explore` of the time.
-    When copying is not plausible, a `lookup` drafter (prompt lookup: the continuation of the last 1-2 tokens'
-    earliest earlier occurrence, <= 10 tokens) is one more option, priced by its own acceptance, learnt per
-    probe-score bucket below tau: short accidental repeats (names, code tokens, formulas) pay on devices where
-    a few more verify rows cost little, and the long copy path stays reserved for copy intent.
+    A `lookup` drafter (prompt lookup: continuations of the last 1-2 tokens' earlier occurrences, <= 10 tokens,
+    up to 3 distinct ones as a trie, most recent first) is one more option at every step, priced by its own acceptance, learnt per
+    probe-score bucket: short accidental repeats (names, code tokens, formulas) pay on devices where a few more
+    verify rows cost little, while the long multi-candidate copy path stays reserved for copy intent (probe AND
+    kappa-gram).
     Lossless: it only chooses drafts."""
 
     def __init__(self, copy, neural, tau: float | None, cost: VerifyCost, explore: float = 0.01,
@@ -130,8 +131,8 @@ class CostAware:
         lo = self.tau if self.tau is not None else 0.0
         self.edges = [lo + (1 - lo) * i / buckets for i in range(1, buckets)]
         self.copy_acc = [Survival(prior=0.7, weight=2.0) for _ in range(buckets)]
-        self.low_edges = [lo * i / buckets for i in range(1, buckets)]      # probe-score buckets below tau
-        self.lookup_acc = [Survival(prior=0.3, weight=2.0) for _ in range(buckets)]
+        self.look_edges = [i / (2 * buckets) for i in range(1, 2 * buckets)]  # probe-score buckets over [0, 1]
+        self.lookup_acc = [Survival(prior=0.3, weight=2.0) for _ in range(2 * buckets)]
         self.lookup_ms = EmaTimer(guess_ms=0.002 * cost.ms(1))
         self.neural_acc = Survival(prior=0.4, weight=2.0)
         base = cost.ms(1)
@@ -158,9 +159,10 @@ class CostAware:
         g = min(getattr(d, "gamma", 1), max_len, rows - 1)
         return [(n, n + 1) for n in range(1, g + 1)]
 
-    def _copy_draft(self, state: PolicyState, limit: int) -> list[tuple[int, int]]:
-        """(depth, trie rows) of the copy trie cut at each depth (empty: nothing to copy)."""
-        draft = self.copy.propose(DraftRequest(tokens=state.tokens, max_len=state.max_len, budget=limit - 1))
+    @staticmethod
+    def _cuts(drafter, state: PolicyState, limit: int) -> list[tuple[int, int]]:
+        """(depth, trie rows) of `drafter`'s candidates cut at each depth (empty: nothing to propose)."""
+        draft = drafter.propose(DraftRequest(tokens=state.tokens, max_len=state.max_len, budget=limit - 1))
         if not draft:
             return []
         out, prefixes = [], set()
@@ -168,12 +170,6 @@ class CostAware:
             prefixes.update(tuple(c[:d]) for c in draft.candidates if len(c) >= d)
             out.append((d, min(1 + len(prefixes), limit)))
         return out
-
-    def _lookup_draft(self, state: PolicyState, limit: int) -> list[tuple[int, int]]:
-        """(depth, rows) of the prompt-lookup draft cut at each depth (one candidate: rows = depth + 1)."""
-        draft = self.lookup.propose(DraftRequest(tokens=state.tokens, max_len=state.max_len, budget=limit - 1))
-        n = min(len(draft.candidates[0]), limit - 1) if draft else 0
-        return [(d, d + 1) for d in range(1, n + 1)]
 
     @staticmethod
     def _reach(acc: Survival, depth: int) -> list[float]:
@@ -193,11 +189,11 @@ class CostAware:
         V = lambda rows: self._verify_ms(rows, limit)            # noqa: E731
         # option: (expected tokens per ms, choice, copy depth, neural depth, verify rows)
         options = [(1.0 / V(1), "plain", 0, 0, 1)]
-        copy_cuts = self._copy_draft(state, limit) if plausible and state.max_len > 0 and limit > 1 else []
-        low = None
-        if self.lookup is not None and not plausible and state.max_len > 0 and limit > 1:
-            low = sum(score >= e for e in self.low_edges) if score is not None else 0
-            l_cuts = self._lookup_draft(state, limit)
+        copy_cuts = self._cuts(self.copy, state, limit) if plausible and state.max_len > 0 and limit > 1 else []
+        low, l_cuts = None, []
+        if self.lookup is not None and state.max_len > 0 and limit > 1:
+            low = sum(score >= e for e in self.look_edges) if score is not None else 0
+            l_cuts = self._cuts(self.lookup, state, limit)
             lsum = list(accumulate(self._reach(self.lookup_acc[low], len(l_cuts)), initial=0.0))
             l_ms = self.lookup_ms.get(1)
             for d, rows in l_cuts:
@@ -228,6 +224,11 @@ class CostAware:
                 best = next(o for o in options if o[1] == "neural" and o[3] == 1)
                 explore, self.plain_run = True, 0
         value, choice, d, g, rows = best
+        # paths that could have drafted but did not: their evidence fades (re-tried once it no longer says no)
+        if copy_cuts and choice not in ("copy", "copy+neural"):
+            self.copy_acc[bucket].relax()
+        if low is not None and l_cuts and choice != "lookup":
+            self.lookup_acc[low].relax()
         self._chosen = {"choice": choice, "bucket": bucket, "low": low}
         top = sorted(options, key=lambda o: -o[0])[:4]
         gate = {"mode": "cost", "probe": score, "tau": tau, "kgram_match": match, "copy": plausible,

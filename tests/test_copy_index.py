@@ -289,3 +289,20 @@ def test_copyspec_equals_brute_force(tokens, max_len, chunks):
             break
     got = d.propose(req(tokens, max_len=max_len)).candidates
     assert got == ([want] if want else [])
+
+
+def test_pld_candidates_most_recent_distinct_continuations():
+    """candidates=1: transformers' prompt lookup (earliest occurrence); more: distinct continuations of the most
+    recent occurrences first, each <= num_tokens, cut at EOS, falling back from the 2-gram to the 1-gram."""
+    from switchsd.drafters.base import DraftRequest
+    from switchsd.drafters.copy import PLDDrafter
+    toks = [5, 6, 1, 2, 9, 5, 6, 3, 4, 8, 5, 6, 3, 4, 7, 5, 6]
+    one, three = PLDDrafter(num_tokens=3), PLDDrafter(num_tokens=3, candidates=3, eos_ids=[9])
+    for d in (one, three):
+        d.reset(toks)
+    req = DraftRequest(tokens=toks, max_len=10, budget=31)
+    assert one.propose(req).candidates == [[1, 2, 9]]                  # earliest, EOS kept by default
+    d3 = three.propose(req)
+    assert d3.candidates == [[3, 4, 7], [3, 4, 8], [1, 2]]             # recent first, distinct, cut at EOS
+    assert d3.match["sources"] == [12, 7, 2]
+    assert three.propose(DraftRequest(tokens=toks + [8], max_len=1, budget=31)).candidates == [[5]]  # 1-gram [8]

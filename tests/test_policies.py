@@ -90,8 +90,8 @@ def test_switchsd_and_bandit_greedy_equal_vanilla(tiny_model, method):
             if method == "switchsd":
                 for e in res.events:
                     assert e.probe_score is not None and e.gate is not None
-                    if e.gate["choice"] == "lookup":     # short prompt lookup: only where copying is implausible
-                        assert e.path == "copy" and not e.gate["copy"] and len(e.candidates) == 1
+                    if e.gate["choice"] == "lookup":     # short prompt lookup (<= 3 continuations), priced by cost
+                        assert e.path == "copy" and e.drafter == "pld" and 1 <= len(e.candidates) <= 3
                     elif e.path == "copy":                # the copy path proper needs probe AND kappa-gram
                         assert e.gate["copy"] and e.probe_score >= tau and e.gate["kgram_match"]
     assert {"copy", "neural"} <= paths

@@ -82,11 +82,15 @@ class CopyDrafter:
 
 
 class PLDDrafter:
+    """Prompt lookup: the continuation (<= num_tokens) of an earlier occurrence of the last n tokens, n from
+    max_ngram down to 1. transformers' semantics by default: the earliest occurrence, one chain.
+    `candidates` > 1: up to that many distinct continuations (a trie), the most recent occurrences first."""
     name = "pld"
     path = "copy"
 
-    def __init__(self, max_ngram: int = 2, num_tokens: int = 10, eos_ids: Sequence[int] = ()):
+    def __init__(self, max_ngram: int = 2, num_tokens: int = 10, eos_ids: Sequence[int] = (), candidates: int = 1):
         self.max_ngram, self.num_tokens, self.eos = max_ngram, num_tokens, set(eos_ids)
+        self.candidates = max(1, int(candidates))
         self.indices = {n: NGramIndex(n) for n in range(1, max_ngram + 1)}
 
     def reset(self, tokens: Sequence[int]) -> None:
@@ -97,20 +101,32 @@ class PLDDrafter:
         for idx in self.indices.values():
             idx.extend(tokens)
 
+    def _continuation(self, tokens: Sequence[int], s: int, n: int, max_len: int) -> list[int]:
+        L = len(tokens)
+        cand = list(tokens[s + n:min(s + n + self.num_tokens, L, s + n + max_len)])
+        cut = next((i for i, t in enumerate(cand) if t in self.eos), None)
+        return cand[:cut] if cut is not None else cand
+
     def propose(self, req: DraftRequest) -> Draft:
         tokens, L = req.tokens, len(req.tokens)
         for n in range(min(self.max_ngram, L - 1), 0, -1):
             gram = tokens[L - n:]
-            for s in self.indices[n].occurrences(gram):  # earliest first
-                end = min(s + n + self.num_tokens, L, s + n + req.max_len)
-                if s + n >= end:
-                    continue
-                cand = list(tokens[s + n:end])
-                cut = next((i for i, t in enumerate(cand) if t in self.eos), None)
-                cand = cand[:cut] if cut is not None else cand
-                if not cand:
-                    return Draft([])
-                return Draft([cand], match={"ngram": list(gram), "sources": [s + n]})
+            occ = [s for s in self.indices[n].occurrences(gram) if s + n < L]    # earliest first
+            if not occ:
+                continue
+            if self.candidates == 1:
+                cand = self._continuation(tokens, occ[0], n, req.max_len)
+                return Draft([cand], match={"ngram": list(gram), "sources": [occ[0] + n]}) if cand else Draft([])
+            cands, sources, seen = [], [], set()
+            for s in reversed(occ):                                            # most recent first
+                cand = self._continuation(tokens, s, n, req.max_len)
+                if cand and tuple(cand) not in seen:
+                    seen.add(tuple(cand))
+                    cands.append(cand)
+                    sources.append(s + n)
+                    if len(cands) == self.candidates:
+                        break
+            return Draft(cands, match={"ngram": list(gram), "sources": sources}) if cands else Draft([])
         return Draft([])
 
 
