@@ -116,8 +116,8 @@ class CostAware:
     When the best option is a plain step, the neural drafter is re-tried (chain 1) once every K plain steps,
     K chosen so that such probes cost at most `explore` of the time.
     A `lookup` drafter (prompt lookup: continuations of the last 1-2 tokens' earlier occurrences, <= 10 tokens,
-    up to 3 distinct ones as a trie, most recent first) is one more option at every step, priced by its own acceptance, learnt per
-    probe-score bucket: short accidental repeats (names, code tokens, formulas) pay on devices where a few more
+    up to 3 distinct ones as a trie, most recent first) is one more option at every step, priced by its own
+    acceptance, learnt per probe-score bucket: short accidental repeats (names, code tokens, formulas) pay on devices where a few more
     verify rows cost little, while the long multi-candidate copy path stays reserved for copy intent (probe AND
     kappa-gram).
     Lossless: it only chooses drafts."""
@@ -133,10 +133,10 @@ class CostAware:
         self.copy_acc = [Survival(prior=0.7, weight=2.0) for _ in range(buckets)]
         self.look_edges = [i / (2 * buckets) for i in range(1, 2 * buckets)]  # probe-score buckets over [0, 1]
         self.lookup_acc = [Survival(prior=0.3, weight=2.0) for _ in range(2 * buckets)]
-        self.lookup_ms = EmaTimer(guess_ms=0.002 * cost.ms(1))
         self.neural_acc = Survival(prior=0.4, weight=2.0)
         base = cost.ms(1)
         self.copy_ms = EmaTimer(guess_ms=0.002 * base)
+        self.lookup_ms = EmaTimer(guess_ms=0.002 * base)
         self.neural_ms = EmaTimer(guess_ms=0.05 * base)
         self.scale = 1.0                     # measured verify time / calibrated curve
         self._curve: dict[tuple[int, int], float] = {}
