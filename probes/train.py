@@ -194,6 +194,7 @@ def main(argv=None) -> None:
     md = Path(str(out) + ".md")
     text = card(lm.name, report, args, " ".join(argv if argv is not None else sys.argv[1:]))
     text = _keep_section(md, text, "## Held-out prompts", "## Training-data ablation")
+    text = _keep_section(md, text, "## What did not lift out-of-template AUC", "## Training-data ablation")
     if not args.ablation:     # keep the last measured ablation (it needs the other sets: probes.collect --sets)
         text = _keep_section(md, text, "## Training-data ablation", "Reproduce:")
     md.write_text(text)
