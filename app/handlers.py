@@ -11,7 +11,7 @@ from typing import Iterator
 import gradio as gr
 import torch
 
-from switchsd.events import StepEvent, summarize
+from switchsd.core.events import StepEvent, summarize
 
 from . import plots
 from .live import BOARD
@@ -191,7 +191,7 @@ def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bo
     res.remember_vanilla((str(lm.dtype), tuple(ids), max_new), ref, runs["vanilla"].stats["tok_s"])
     why = {}
     if any(g.token_ids != ref for g in runs.values()):       # explain each difference in float32
-        from switchsd.mismatch import explain
+        from switchsd.eval.mismatch import explain
         f32 = res.lm("float32").model
         for m, g in runs.items():
             if g.token_ids != ref:

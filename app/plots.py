@@ -12,7 +12,7 @@ from typing import Sequence
 
 from gradio.components.plot import PlotData
 
-from switchsd.events import StepEvent
+from switchsd.core.events import StepEvent
 
 from .render import PATH_COLORS
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from probes.labels import ALIGN, copy_labels
-from switchsd.capture import HiddenCapture
+from switchsd.target.capture import HiddenCapture
 
 from .render import heat_strip
 from .resources import Resources, UserError
@@ -24,9 +24,9 @@ def score_text(res: Resources, probe_paths: list[str], text: str, generate: bool
         raise UserError("Choose at least one probe.")
     lm = res.lm()
     if generate:
-        from switchsd.config import EngineConfig
-        from switchsd.engine import Engine
-        from switchsd.policies import Fixed
+        from switchsd.core.config import EngineConfig
+        from switchsd.core.engine import Engine
+        from switchsd.core.policies import Fixed
         ids = lm.encode(text, chat=True)
         gen = Engine(lm.model, Fixed([]), EngineConfig(max_new_tokens=int(max_new)), lm.eos_ids(), lm.max_length)
         tokens, start = ids + gen.run(ids).token_ids, len(ids)

@@ -7,7 +7,7 @@ import weakref
 from pathlib import Path
 from typing import Sequence
 
-from switchsd.events import StepEvent
+from switchsd.core.events import StepEvent
 
 PATH_COLORS = {"copy": "#ffd8a8", "neural": "#b2f2bb", "vanilla": "#e9ecef", "oracle": "#d0bfff"}
 PATH_NAMES = {"copy": "copied from the context", "neural": "drafted by the neural drafter",

@@ -1,5 +1,5 @@
 """Models, drafters and probes the studio uses: loaded once, lazily, behind a lock; engines are built per run
-through the library's factory (switchsd.factory), with the defaults of switchsd.config."""
+through the library's factory (switchsd.factory), with the defaults of switchsd.core.config."""
 from __future__ import annotations
 
 import threading
@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 from collections import OrderedDict
 from pathlib import Path
 
-from switchsd.calibrate import load_budget
-from switchsd.config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, SamplingConfig
-from switchsd.engine import Engine
+from switchsd.target.calibrate import load_budget
+from switchsd.core.config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, SamplingConfig
+from switchsd.core.engine import Engine
 from switchsd.factory import DEFAULT_HEADS, DEFAULT_PROBES, Drafters, SetupError, build_engine
-from switchsd.models import DEFAULT_MODEL, LoadedModel, load_model
-from switchsd.probe import Probe, ProbeError, load_probe
+from switchsd.target.models import DEFAULT_MODEL, LoadedModel, load_model
+from switchsd.core.probe import Probe, ProbeError, load_probe
 
 from .worker import TorchThread
 

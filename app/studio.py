@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from switchsd.config import CopyConfig, GateConfig
-from switchsd.methods import METHODS
+from switchsd.core.config import CopyConfig, GateConfig
+from switchsd.core.methods import METHODS
 
 from . import handlers, plots, probelab
 from .render import CSS

@@ -16,8 +16,8 @@ import random
 from pathlib import Path
 
 
-from switchsd.datasets import load_prompts
-from switchsd.models import load_model
+from switchsd.eval.datasets import load_prompts
+from switchsd.target.models import load_model
 
 from . import copydiversity
 from .features import complete, site_features

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from switchsd.capture import HiddenCapture
-from switchsd.models import load_model
-from switchsd.probe import ProbeError, load_probe
+from switchsd.target.capture import HiddenCapture
+from switchsd.target.models import load_model
+from switchsd.core.probe import ProbeError, load_probe
 
 from .features import complete
 from .labels import aligned_pairs

@@ -15,9 +15,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from switchsd.batching import length_batches
-from switchsd.capture import HiddenCapture
-from switchsd.models import LoadedModel
+from switchsd.io import length_batches
+from switchsd.target.capture import HiddenCapture
+from switchsd.target.models import LoadedModel
 
 from .labels import aligned_pairs
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from switchsd.models import load_model
-from switchsd.probe import Probe
+from switchsd.target.models import load_model
+from switchsd.core.probe import Probe
 
 from .features import all_sites, load_site, site_key
 from .fit import fit_probe
@@ -91,7 +91,7 @@ def card(model: str, report: dict, args, command: str) -> str:
              f"Linear, bias-free: `sigmoid(w . h)` on the residual stream of layer {b['layer']} "
              f"{'after the attention sub-layer' if b['sublayer'] == 'attn' else 'after the MLP sub-layer'}; "
              f"threshold tau = {b['tau']:.2f} (F1-optimal on validation). Format `switchsd-probe-v1` "
-             "(safetensors: `weight` + metadata), loaded by `switchsd.probe.load_probe`.", "",
+             "(safetensors: `weight` + metadata), loaded by `switchsd.core.probe.load_probe`.", "",
              "## Data",
              f"- {d['prompts']}; completions written by the target (greedy); a generated token is copy-mode when it "
              f"lies in a verbatim span of >= {args.n_train} tokens seen earlier in the context; the probe reads the "

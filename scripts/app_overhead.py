@@ -34,7 +34,7 @@ from app_server import AppServer  # noqa: E402
 
 
 def cli_run(method: str, prompt: str, max_new: int) -> dict:
-    p = subprocess.run([sys.executable, "-m", "switchsd.generate", "--method", method, "--chat", "--prompt", prompt,
+    p = subprocess.run([sys.executable, "-m", "switchsd.cli.generate", "--method", method, "--chat", "--prompt", prompt,
                         "--max-new-tokens", str(max_new), "--json"], cwd=ROOT, capture_output=True, text=True,
                        check=True)
     d = json.loads(p.stdout.strip().splitlines()[-1])

@@ -19,8 +19,8 @@ from probes.fit import fit_probe  # noqa: E402
 from probes.labels import aligned_pairs  # noqa: E402
 from probes.metrics import roc_auc  # noqa: E402
 from probes.train import split_mask  # noqa: E402
-from switchsd.capture import HiddenCapture  # noqa: E402
-from switchsd.models import load_model  # noqa: E402
+from switchsd.target.capture import HiddenCapture  # noqa: E402
+from switchsd.target.models import load_model  # noqa: E402
 
 VARIANTS = {"19:attn": (["19:attn"], 1e-3), "19:attn l2=1e-2": (["19:attn"], 1e-2),
             "19:attn l2=1e-4": (["19:attn"], 1e-4), "19+12+24 attn": (["19:attn", "12:attn", "24:attn"], 1e-3),

@@ -15,7 +15,7 @@ Architecture (read in this order):
     methods.py    method name -> (policy, drafters)
     factory.py    method name + configs -> Engine (the CLIs, the bench and the studio build here)
     peers.py      transformers' own generate / prompt lookup / assisted generation, as benchmark rows
-Entry points: python -m switchsd.generate | switchsd.bench | switchsd.calibrate
+Entry points: python -m switchsd.generate | switchsd.eval.bench | switchsd.target.calibrate
 """
 
 __version__ = "0.1.0"

@@ -1,7 +1,7 @@
 """One factory: method name + configs -> an Engine. The CLIs, the benchmark and the studio all build here.
 
     drafters = Drafters(lm)                      # loads the EAGLE-3 head / draft model / probe once, lazily
-    engine = build_engine("switchsd", lm, drafters)            # every default from switchsd.config
+    engine = build_engine("switchsd", lm, drafters)            # every default from switchsd.core.config
     engine = build_engine("eagle3@chain3", lm, drafters, EngineConfig(max_new_tokens=256))
 
 Method names may carry variants (`NAME@chainG`, `NAME@treeKxDxN`, `+kN` copy kappa, `+tX` probe tau) so one
@@ -16,17 +16,17 @@ from pathlib import Path
 
 import torch
 
-from .calibrate import device_cost
-from .target import resolve_forward
-from .config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, TreeConfig
-from .costs import VerifyCost
+from .target.calibrate import device_cost
+from .target.forward import resolve_forward
+from .core.config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, TreeConfig
+from .core.costs import VerifyCost
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.eagle3 import Eagle3Drafter
 from .drafters.eagle3_model import Eagle3LoadError, load_eagle3
-from .engine import Engine
-from .methods import METHODS, NEEDS_NEURAL, NEEDS_PROBE, NEURAL_METHODS, build_policy, uses_cost_gate
-from .models import DEFAULT_MODEL, LoadedModel, ModelLoadError, load_model
-from .probe import ProbeError, load_probe
+from .core.engine import Engine
+from .core.methods import METHODS, NEEDS_NEURAL, NEEDS_PROBE, NEURAL_METHODS, build_policy, uses_cost_gate
+from .target.models import DEFAULT_MODEL, LoadedModel, ModelLoadError, load_model
+from .core.probe import ProbeError, load_probe
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_HEADS = {DEFAULT_MODEL: ROOT / "assets" / "eagle3-smollm2-135m"}

@@ -40,7 +40,7 @@ def peaked_model():
 @pytest.fixture(scope="session")
 def real_lm():
     """SmolLM2-135M-Instruct, offline, float32 on CPU. Skips when the offline model package is missing."""
-    from switchsd.models import ModelLoadError, load_model
+    from switchsd.target.models import ModelLoadError, load_model
     try:
         lm = load_model(dtype="float32", device="cpu")
     except ModelLoadError as e:  # pragma: no cover - depends on the environment

@@ -8,9 +8,9 @@ import torch
 from scipy import stats
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from switchsd.config import CopyConfig, EngineConfig, SamplingConfig
-from switchsd.engine import Engine
-from switchsd.methods import METHODS, build_policy
+from switchsd.core.config import CopyConfig, EngineConfig, SamplingConfig
+from switchsd.core.engine import Engine
+from switchsd.core.methods import METHODS, build_policy
 
 VOCAB = 64
 EOS = 1

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from app.render import heat_strip, token_spans, tokens_html
-from switchsd.events import StepEvent
+from switchsd.core.events import StepEvent
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = ["<script>alert(1)</script>", "${7*7}", "\\", "   ", "\n", "\"'><img src=x onerror=alert(1)>", "&amp;",
@@ -185,7 +185,7 @@ def test_plot_dicts_are_valid_plotly_figures():
     import plotly.graph_objects as go
 
     from app import plots
-    from switchsd.events import StepEvent
+    from switchsd.core.events import StepEvent
     rng = random.Random(0)
     evs = []
     for i in range(30):

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from helpers import make_tiny_model, random_prompt
-from switchsd.bench import _resume, aggregate
-from switchsd.mismatch import explain, first_divergence, summarize_mismatches
+from switchsd.eval.bench import _resume, aggregate
+from switchsd.eval.mismatch import explain, first_divergence, summarize_mismatches
 
 
 def test_first_divergence():
@@ -64,7 +64,7 @@ def test_aggregate_counts_identity_and_paths():
 
 
 def test_method_variants_parse():
-    from switchsd.cli_common import parse_method
+    from switchsd.cli.common import parse_method
     assert parse_method("eagle3") == ("eagle3", {})
     assert parse_method("eagle3@chain4") == ("eagle3", {"shape": "chain", "gamma": 4})
     assert parse_method("switchsd@tree2x3x6+k3+t0.4") == (
@@ -77,6 +77,6 @@ def test_method_variants_parse():
 
 
 def test_tau_variant_is_refused_where_no_probe_reads_it():
-    from switchsd.cli_common import build_engine
+    from switchsd.cli.common import build_engine
     with pytest.raises(SystemExit, match="only applies to switchsd"):
         build_engine("copyspec@chain1+t0.3", lm=None, cfg=None, copy=None)

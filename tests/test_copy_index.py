@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from switchsd.config import CopyConfig
+from switchsd.core.config import CopyConfig
 from switchsd.drafters.base import Draft, DraftRequest, Drafter
 from switchsd.drafters.copy import CopyDrafter, CopySpecDrafter, NGramIndex, PLDDrafter
 

@@ -12,13 +12,13 @@ import torch
 
 from helpers import (VOCAB, chisq_pvalue, greedy_reference, looping_prompt, make_tiny_model, random_prompt,
                      repetitive_prompt)
-from switchsd.config import CopyConfig, EngineConfig, GateConfig, SamplingConfig
-from switchsd.costs import EmaTimer, Survival, VerifyCost
+from switchsd.core.config import CopyConfig, EngineConfig, GateConfig, SamplingConfig
+from switchsd.core.costs import EmaTimer, Survival, VerifyCost
 from switchsd.drafters.draft_model import DraftModelDrafter
-from switchsd.engine import Engine
-from switchsd.methods import build_policy
-from switchsd.policies import CostAware
-from switchsd.probe import Probe
+from switchsd.core.engine import Engine
+from switchsd.core.methods import build_policy
+from switchsd.core.policies import CostAware
+from switchsd.core.probe import Probe
 
 # float32 MKL on the CI CPU: 2-3 rows cost more than 4-8 (the shape that padding exploits)
 FP32_LIKE = VerifyCost({1: 44.0, 2: 73.0, 3: 89.0, 4: 68.0, 6: 66.0, 8: 65.0, 12: 79.0, 16: 81.0, 32: 101.0})
@@ -102,7 +102,7 @@ def test_cost_gate_greedy_equals_vanilla(tiny_model, cost):
 
 def test_padded_forward_gives_the_unpadded_logits(tiny_model):
     """Engine._forward with and without padding: the real rows' logits agree to float64 precision."""
-    from switchsd.tree import build_tree
+    from switchsd.core.tree import build_tree
     ids = random_prompt(3, 12)
     tree = build_tree(ids[-1], [[5, 6, 7], [5, 9]], 32)
     outs = []
@@ -122,7 +122,7 @@ def test_steep_curve_explores_rarely():
     class Neural:
         name, path, gamma = "n", "neural", 3
     pol = CostAware(None, Neural(), None, STEEP, explore=0.05)
-    from switchsd.policies import PolicyState
+    from switchsd.core.policies import PolicyState
     picks = [pol.select(PolicyState([1, 2, 3], i, None, max_len=10, rows=12))[1]["choice"] for i in range(1000)]
     n = picks.count("neural")
     assert picks.count("plain") + n == 1000 and 1 <= n <= 5
@@ -162,7 +162,7 @@ def test_gate_config_validation():
 
 
 def test_hf_peer_greedy_equals_reference(tiny_model):
-    from switchsd.peers import HFPeer
+    from switchsd.eval.peers import HFPeer
     for seed in range(3):
         ids = repetitive_prompt(seed)
         for kind in ("hf", "hf-pld"):
@@ -174,7 +174,7 @@ def test_hf_peer_greedy_equals_reference(tiny_model):
 def test_auto_dtype_reads_the_calibrated_choice(tmp_path, monkeypatch):
     import json
 
-    from switchsd.models import dtype_choice_path, resolve_dtype
+    from switchsd.target.models import dtype_choice_path, resolve_dtype
     monkeypatch.setenv("SWITCHSD_CACHE", str(tmp_path))
     assert resolve_dtype("float32", "cpu") == torch.float32
     assert resolve_dtype("auto", "cuda") == torch.bfloat16
@@ -187,7 +187,7 @@ def test_auto_dtype_reads_the_calibrated_choice(tmp_path, monkeypatch):
 
 def test_break_even_of_drafting_shapes():
     """A draft pays when its expected accepted tokens exceed (cost of its rows) / (cost of one row) - 1."""
-    from switchsd.calibrate import shapes_that_pay
+    from switchsd.target.calibrate import shapes_that_pay
     flat = shapes_that_pay({1: 10.0, 64: 10.0})
     assert all(v == 0.0 for v in flat.values())            # free verification: any draft pays
     steep = VerifyCost({1: 10.0, 2: 15.0, 32: 40.0})

@@ -9,14 +9,14 @@ import torch
 from safetensors.torch import save_file
 
 from helpers import repetitive_prompt, random_prompt, greedy_reference
-from switchsd.config import CopyConfig, EngineConfig, NeuralConfig
+from switchsd.core.config import CopyConfig, EngineConfig, NeuralConfig
 from switchsd.drafters.base import DraftRequest
 from switchsd.drafters.copy import CopyDrafter
 from switchsd.drafters.eagle3 import Eagle3Drafter, TreeConfig
 from switchsd.drafters.eagle3_model import Eagle3LoadError, load_eagle3
-from switchsd.engine import Engine
-from switchsd.methods import build_policy
-from switchsd.policies import PolicyState
+from switchsd.core.engine import Engine
+from switchsd.core.methods import build_policy
+from switchsd.core.policies import PolicyState
 
 H, V, VD = 32, 64, 40
 

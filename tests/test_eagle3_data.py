@@ -6,8 +6,8 @@ import json
 
 import torch
 
-from switchsd.eagle3_data import from_completions, load_samples
-from switchsd.models import LoadedModel
+from switchsd.training.data import from_completions, load_samples
+from switchsd.target.models import LoadedModel
 
 
 def test_from_completions_matches_single_forwards(tmp_path, tiny_model):
@@ -44,7 +44,7 @@ def test_from_completions_matches_single_forwards(tmp_path, tiny_model):
 
 
 def test_length_batches_pack_under_the_token_budget():
-    from switchsd.batching import length_batches
+    from switchsd.io import length_batches
     lens = [5, 40, 3, 17, 17, 90, 1, 33]
     out = length_batches(lens, lambda n: n, 64)
     assert sorted(x for b in out for x in b) == sorted(lens)
@@ -57,7 +57,7 @@ def test_prompt_sets_are_deterministic_distinct_and_not_benchmark_questions():
     import json
     from pathlib import Path
 
-    from switchsd.eagle3_prompts import build_prompts
+    from switchsd.training.prompts import build_prompts
     for version in (1, 2):
         a = build_prompts(300, seed=3, version=version)
         assert a == build_prompts(300, seed=3, version=version) and len(set(a)) == 300

@@ -10,12 +10,12 @@ import torch
 
 from helpers import (EOS, STANDALONE_METHODS, check_event_stream, greedy_reference, looping_prompt, make_engine,
                      make_tiny_model, random_prompt, repetitive_prompt, run_method)
-from switchsd.capture import HiddenCapture
-from switchsd.config import CopyConfig, EngineConfig, NeuralConfig
-from switchsd.engine import Engine
-from switchsd.methods import build_policy
+from switchsd.target.capture import HiddenCapture
+from switchsd.core.config import CopyConfig, EngineConfig, NeuralConfig
+from switchsd.core.engine import Engine
+from switchsd.core.methods import build_policy
 
-# every method of switchsd.methods.METHODS that runs without a neural drafter (EAGLE3 / SPS need one)
+# every method of switchsd.core.methods.METHODS that runs without a neural drafter (EAGLE3 / SPS need one)
 METHODS = STANDALONE_METHODS
 COPY_METHODS = [m for m in METHODS if m != "vanilla"]
 MAX_NEW = (1, 2, 7, 40)
@@ -319,7 +319,7 @@ def test_real_model_switchsd_and_bandit_with_shipped_probe_and_head(real_lm, tex
     float32, padded verify forwards included."""
     import argparse
 
-    from switchsd.cli_common import (DEFAULT_HEADS, DEFAULT_PROBES, Neural, add_decode_args, add_neural_args,
+    from switchsd.cli.common import (DEFAULT_HEADS, DEFAULT_PROBES, Neural, add_decode_args, add_neural_args,
                                      build_engine, copy_config, engine_config)
     if not (DEFAULT_PROBES[real_lm.name].exists() and DEFAULT_HEADS[real_lm.name].exists()):
         pytest.skip("needs the shipped probe and EAGLE3 head")

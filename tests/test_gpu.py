@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from switchsd.config import EngineConfig
-from switchsd.engine import Engine
-from switchsd.methods import METHODS, build_policy
+from switchsd.core.config import EngineConfig
+from switchsd.core.engine import Engine
+from switchsd.core.methods import METHODS, build_policy
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -40,7 +40,7 @@ def test_tiny_float64_cuda_matches_reference(method):
 
 @pytest.mark.real
 def test_real_model_cuda_float32_all_methods_equal_vanilla():
-    from switchsd.models import load_model
+    from switchsd.target.models import load_model
     lm = load_model(dtype="float32", device="cuda")
     ids = lm.encode('Repeat this JSON exactly: {"name": "Alice", "age": 30, "tags": ["a", "b", "c"]}', chat=True)
     eos = lm.eos_ids()

@@ -8,10 +8,10 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from helpers import STANDALONE_METHODS, make_engine, random_prompt, repetitive_prompt
-from switchsd.config import EngineConfig
-from switchsd.lean import LeanLlama, StaticKVCache, supports
-from switchsd.target import HFTarget, LeanTarget, make_target, resolve_forward
-from switchsd.tree import build_tree, tree_mask, tree_positions
+from switchsd.core.config import EngineConfig
+from switchsd.target.lean import LeanLlama, StaticKVCache, supports
+from switchsd.target.forward import HFTarget, LeanTarget, make_target, resolve_forward
+from switchsd.core.tree import build_tree, tree_mask, tree_positions
 
 SITES = [(0, "attn"), (1, "mlp")]
 
@@ -65,7 +65,7 @@ def test_lean_equals_transformers_tiny(tiny_model):
 def test_lean_equals_transformers_real(real_lm, dtype):
     """Prefills longer than the fast-path width (45 tokens) run the original matrices; verify forwards the
     fused, packed ones; both give transformers' numbers bit for bit."""
-    from switchsd.models import load_model
+    from switchsd.target.models import load_model
     lm = real_lm if dtype == "float32" else load_model(dtype=dtype, device="cpu")
     prompt = lm.encode("Write a Python function that reverses a linked list, then explain it.", chat=True)
     assert len(prompt) > LeanLlama.of(lm.model).exact_rows

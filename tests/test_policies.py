@@ -5,14 +5,14 @@ import pytest
 import torch
 
 from helpers import VOCAB, greedy_reference, make_tiny_model, random_prompt, repetitive_prompt
-from switchsd.config import CopyConfig, EngineConfig
+from switchsd.core.config import CopyConfig, EngineConfig
 from switchsd.drafters.copy import CopyDrafter
 from switchsd.drafters.draft_model import DraftModelDrafter
-from switchsd.engine import Engine
-from switchsd.events import StepEvent
-from switchsd.methods import build_policy
-from switchsd.policies import BanditSpec, PolicyState, SwitchSD
-from switchsd.probe import Probe
+from switchsd.core.engine import Engine
+from switchsd.core.events import StepEvent
+from switchsd.core.methods import build_policy
+from switchsd.core.policies import BanditSpec, PolicyState, SwitchSD
+from switchsd.core.probe import Probe
 
 
 class Dummy:
@@ -99,7 +99,7 @@ def test_switchsd_and_bandit_greedy_equal_vanilla(tiny_model, method):
 
 def test_oracle_accepts_everything(tiny_model):
     from switchsd.drafters.oracle import OracleDrafter
-    from switchsd.policies import Fixed
+    from switchsd.core.policies import Fixed
     ids = random_prompt(4, 10)
     cfg = EngineConfig(max_new_tokens=30, budget=8, stop_at_eos=False)
     want = greedy_reference(tiny_model, ids, 30, eos=None)

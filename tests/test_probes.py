@@ -9,7 +9,7 @@ from probes.copydiversity import TIER_SHARE, build
 from probes.fit import fit_probe
 from probes.labels import ALIGN, aligned_pairs, copy_labels
 from probes.metrics import best_f1, f1_at, roc_auc
-from switchsd.probe import Probe, ProbeError, load_probe
+from switchsd.core.probe import Probe, ProbeError, load_probe
 
 
 def spans(labels):
@@ -135,10 +135,10 @@ def test_bad_probe_files(tmp_path):
 def test_engine_scores_captured_hidden_state(tiny_model):
     """The engine's probe score equals the probe applied to the hidden state of the last processed position,
     taken from a plain forward (no extra forward in the engine)."""
-    from switchsd.config import EngineConfig
-    from switchsd.engine import Engine
-    from switchsd.methods import build_policy
-    from switchsd.capture import HiddenCapture
+    from switchsd.core.config import EngineConfig
+    from switchsd.core.engine import Engine
+    from switchsd.core.methods import build_policy
+    from switchsd.target.capture import HiddenCapture
     probe = make_probe(tiny_model, layer=1, sub="attn")
     eng = Engine(tiny_model, build_policy("copy"), EngineConfig(max_new_tokens=12, budget=8, stop_at_eos=False),
                  (), probe=probe)
@@ -157,8 +157,8 @@ def _shipped_probe_auc(lm, rows, tmp_path, max_new_tokens: int) -> tuple[float, 
     """(ROC AUC, copy rate) of the shipped probe on greedy completions of `rows` written by the target."""
     from probes.evaluate import score_sequences
     from probes.features import complete
-    from switchsd.cli_common import DEFAULT_PROBES
-    from switchsd.models import DEFAULT_MODEL
+    from switchsd.cli.common import DEFAULT_PROBES
+    from switchsd.target.models import DEFAULT_MODEL
     path = DEFAULT_PROBES[DEFAULT_MODEL]
     if not path.exists():
         pytest.skip("no shipped probe")

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from helpers import (EOS, VOCAB, assert_cache_matches, greedy_reference, looping_prompt, random_prompt,
                      repetitive_prompt)
-from switchsd.config import EngineConfig
+from switchsd.core.config import EngineConfig
 from switchsd.drafters.base import Draft, DraftRequest
-from switchsd.engine import Engine
-from switchsd.policies import Fixed
+from switchsd.core.engine import Engine
+from switchsd.core.policies import Fixed
 
 MAX_NEW = 16
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from helpers import chisq_pvalue, looping_prompt, make_engine
-from switchsd.config import CopyConfig, SamplingConfig
-from switchsd.tree import TokenTree, build_tree
-from switchsd.verify import accept_sampling, target_probs
+from switchsd.core.config import CopyConfig, SamplingConfig
+from switchsd.core.tree import TokenTree, build_tree
+from switchsd.core.verify import accept_sampling, target_probs
 
 V = 8
 P0 = torch.tensor([0.30, 0.20, 0.15, 0.10, 0.10, 0.05, 0.05, 0.05], dtype=torch.float64)

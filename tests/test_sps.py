@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from helpers import VOCAB, chisq_pvalue, greedy_reference, make_tiny_model, random_prompt, repetitive_prompt
-from switchsd.config import CopyConfig, EngineConfig, NeuralConfig, SamplingConfig
+from switchsd.core.config import CopyConfig, EngineConfig, NeuralConfig, SamplingConfig
 from switchsd.drafters.draft_model import DraftModelDrafter
-from switchsd.engine import Engine
-from switchsd.methods import build_policy
+from switchsd.core.engine import Engine
+from switchsd.core.methods import build_policy
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_sps_sampling_matches_target_distribution(pair):
 
 def test_sampling_negative_control_detects_wrong_rule(pair, monkeypatch):
     """Same experiment with a wrong acceptance rule (draft tokens always accepted): the test must reject it."""
-    import switchsd.engine as engine_mod
+    import switchsd.core.engine as engine_mod
     target, draft = pair
     prompt = random_prompt(11, 8)
     p = first_token_distribution(target, prompt)

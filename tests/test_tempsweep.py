@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from switchsd.tempsweep import chi2_two_sample, compare
+from switchsd.eval.tempsweep import chi2_two_sample, compare
 
 
 def draw(probs, n, seed):

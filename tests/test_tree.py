@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import assert_cache_matches, random_prompt
-from switchsd.config import EngineConfig
-from switchsd.engine import Engine
-from switchsd.policies import Fixed
-from switchsd.tree import TokenTree, build_tree, tree_mask, tree_positions
+from switchsd.core.config import EngineConfig
+from switchsd.core.engine import Engine
+from switchsd.core.policies import Fixed
+from switchsd.core.tree import TokenTree, build_tree, tree_mask, tree_positions
 
 P = 99  # pending token
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
-from ..config import CopyConfig
+from ..core.config import CopyConfig
 from .base import Draft, DraftRequest
 
 

@@ -12,9 +12,9 @@ from typing import Sequence
 
 import torch
 
-from ..cache import KVCache
-from ..config import SamplingConfig
-from ..verify import target_probs
+from ..core.cache import KVCache
+from ..core.config import SamplingConfig
+from ..core.verify import target_probs
 from .base import Draft, DraftRequest
 
 

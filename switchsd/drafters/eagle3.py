@@ -16,8 +16,8 @@ from typing import Sequence
 
 import torch
 
-from ..config import SamplingConfig, TreeConfig
-from ..verify import target_probs
+from ..core.config import SamplingConfig, TreeConfig
+from ..core.verify import target_probs
 from .base import Draft, DraftRequest
 from .eagle3_model import Eagle3Head
 

@@ -5,8 +5,8 @@ from typing import Sequence
 
 from .config import CopyConfig, GateConfig, NeuralConfig
 from .costs import VerifyCost
-from .drafters.base import Drafter
-from .drafters.copy import CopyDrafter, CopySpecDrafter, PLDDrafter
+from ..drafters.base import Drafter
+from ..drafters.copy import CopyDrafter, CopySpecDrafter, PLDDrafter
 from .policies import BanditSpec, CostAware, Fixed, Policy, SwitchSD
 
 METHODS = ("vanilla", "copy", "pld", "copyspec", "eagle3", "sps", "switchsd", "switchsd-paper", "switchsd-sps",

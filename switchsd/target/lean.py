@@ -53,7 +53,7 @@ class StaticKVCache:
     """Keys/values of every cached position in preallocated tensors, written in place.
 
     k, v: [layers, 1, kv_heads, capacity, head_dim]; positions [0, len) are valid. Same interface as
-    `switchsd.cache.KVCache`: `len`, `crop(length)`, `keep(prefix_len, rows)`."""
+    `switchsd.core.cache.KVCache`: `len`, `crop(length)`, `keep(prefix_len, rows)`."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype, device):
         shape = (layers, 1, kv_heads, max(1, capacity), head_dim)

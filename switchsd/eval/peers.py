@@ -16,8 +16,8 @@ from typing import Sequence
 
 import torch
 
-from .config import EngineConfig
-from .engine import Generation
+from ..core.config import EngineConfig
+from ..core.engine import Generation
 
 PEERS = ("hf", "hf-pld", "hf-assisted")
 PLD_TOKENS = 10

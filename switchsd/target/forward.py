@@ -1,5 +1,5 @@
 """The target model's forward behind one small interface, so the engine and `calibrate` drive either
-transformers' own forward or the lean forward (`switchsd.lean`) the same way:
+transformers' own forward or the lean forward (`switchsd.target.lean`) the same way:
 
     target = make_target(model, sites=[(14, "attn")], forward="auto")
     cache = target.new_cache(capacity)
@@ -13,7 +13,7 @@ from typing import Iterable, Protocol
 
 import torch
 
-from .cache import KVCache
+from ..core.cache import KVCache
 from .capture import HiddenCapture
 from .lean import LeanLlama, StaticKVCache, supports
 

@@ -19,8 +19,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from .batching import length_batches
-from .models import LoadedModel
+from ..io import length_batches
+from ..target.models import LoadedModel
 
 
 @torch.inference_mode()

@@ -1,6 +1,6 @@
 """Arguments shared by the command-line entry points, and their translation into the library's configs.
 
-Every default is read from the config dataclasses (switchsd/config.py); engines are built by
+Every default is read from the config dataclasses (switchsd/core/config.py); engines are built by
 switchsd.factory. Library errors become one-line `error: ...` exits here, and only here.
 """
 from __future__ import annotations
@@ -10,15 +10,15 @@ import sys
 
 import torch
 
-from .calibrate import DEFAULT_RATIO, load_budget
-from .config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, SamplingConfig, TreeConfig
-from .engine import Engine
-from .factory import DEFAULT_HEADS, DEFAULT_PROBES, Drafters, SetupError  # noqa: F401  (re-exported)
-from .factory import build_engine as _build_engine
-from .factory import parse_method as _parse_method
-from .methods import NEURAL_METHODS
-from .models import LoadedModel, ModelLoadError, load_model
-from .target import FORWARDS
+from ..target.calibrate import DEFAULT_RATIO, load_budget
+from ..core.config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, SamplingConfig, TreeConfig
+from ..core.engine import Engine
+from ..factory import DEFAULT_HEADS, DEFAULT_PROBES, Drafters, SetupError  # noqa: F401  (re-exported)
+from ..factory import build_engine as _build_engine
+from ..factory import parse_method as _parse_method
+from ..core.methods import NEURAL_METHODS
+from ..target.models import LoadedModel, ModelLoadError, load_model
+from ..target.forward import FORWARDS
 
 _C, _N, _T, _G, _E = CopyConfig(), NeuralConfig(), TreeConfig(), GateConfig(), EngineConfig()
 LOSSLESS_NOTE = ("note: {dtype} — every method verifies against the target as computed in {dtype}; where two "

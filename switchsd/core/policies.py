@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from .costs import EmaTimer, Survival, VerifyCost
-from .drafters.base import Drafter, DraftRequest
+from ..drafters.base import Drafter, DraftRequest
 
 
 @dataclass

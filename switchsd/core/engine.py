@@ -22,10 +22,10 @@ import torch
 
 from .config import EngineConfig
 from .costs import VerifyCost
-from .drafters.base import Draft, DraftRequest, merge_drafts
+from ..drafters.base import Draft, DraftRequest, merge_drafts
 from .events import StepEvent, summarize
 from .policies import Policy, PolicyState
-from .target import make_target
+from ..target.forward import make_target
 from .tree import TokenTree, build_tree, tree_mask, tree_positions
 from .verify import accept_greedy, accept_sampling, target_probs
 

@@ -1,0 +1,1 @@
+"""Command-line plumbing: flags shared by the entry points (read from the config dataclasses) and `generate`."""

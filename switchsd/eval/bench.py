@@ -1,0 +1,231 @@
+"""Side-by-side benchmark: every method on the same prompts, in one process, after a warm-up.
+
+    python -m switchsd.bench --dataset humaneval --limit 10 --methods vanilla,pld,copyspec,copy \
+        --max-new-tokens 128 --out runs/humaneval
+
+Methods run prompt by prompt, interleaved (so slow drifts of the machine hit all methods alike). Besides ours
+(`switchsd.core.methods.METHODS`, with variants), the peers a transformers user already has: `hf` (the model's own
+`generate`), `hf-pld` (`generate(prompt_lookup_num_tokens=10)`) and, with --draft, `hf-assisted`.
+Reported per method: Tok/s as the mean of per-prompt rates (Spec-Bench) and as total tokens / total time,
+speedup = mean Tok/s over vanilla's, tokens per target forward (bonus included), per path % of
+iterations and MAL (accepted draft tokens per step), and how many outputs are identical to vanilla.
+Writes results.json and table.md to --out; the LAST printed line is a one-line JSON summary.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..cli.common import (Neural, add_decode_args, add_model_args, add_neural_args, build_engine, copy_config,
+                         engine_config, load, resolve_budget)
+from .datasets import DATASETS, load_prompts
+from ..drafters.oracle import OracleDrafter
+from ..core.engine import Engine
+from ..core.methods import METHODS
+from .mismatch import explain, summarize_mismatches
+from ..target.models import load_model
+from .peers import PEERS, HFPeer
+from ..core.policies import Fixed
+
+
+def aggregate(records: list[dict], vanilla_ids: dict) -> dict:
+    """Records of one method -> its summary row."""
+    rates = [r["stats"]["tok_s"] for r in records]
+    tokens = sum(r["stats"]["new_tokens"] for r in records)
+    wall = sum(r["stats"]["wall_s"] for r in records)
+    steps = sum(r["stats"]["steps"] for r in records)
+    paths: dict[str, dict] = {}
+    for r in records:
+        for name, p in r["stats"]["paths"].items():
+            a = paths.setdefault(name, {"steps": 0, "accepted": 0, "zero": 0})
+            a["steps"] += p["steps"]
+            a["accepted"] += p["accepted"]
+            a["zero"] += p.get("zero", 0)
+    return {
+        "tok_s": statistics.mean(rates) if rates else 0.0,
+        "tok_s_total": tokens / wall if wall else 0.0,
+        "tok_per_fwd": tokens / steps if steps else 0.0,
+        "new_tokens": tokens,
+        "identical": sum(r["token_ids"] == vanilla_ids[r["id"]] for r in records),
+        "n": len(records),
+        "paths": {k: {"pct": 100.0 * v["steps"] / steps, "mal": v["accepted"] / v["steps"],
+                      "zero_accept": v["zero"] / v["steps"]}
+                  for k, v in sorted(paths.items())},
+    }
+
+
+def _mismatches(args, lm, prompts: dict, records: dict, vanilla_ids: dict) -> list[dict]:
+    """Explain every output that differs from vanilla (see switchsd.eval.mismatch); float32 re-scoring."""
+    bad = [(m, r) for m, rs in records.items() if m != "vanilla" for r in rs if r["token_ids"] != vanilla_ids[r["id"]]]
+    if not bad:
+        return []
+    ref = lm.model if lm.dtype == torch.float32 else load_model(args.model, "float32", str(lm.device)).model
+    out = []
+    for m, r in tqdm(bad, desc="explaining mismatches", file=sys.stderr):
+        x = explain(ref, prompts[r["id"]], vanilla_ids[r["id"]], r["token_ids"])
+        out.append({"method": m, "id": r["id"], **x})
+    return out
+
+
+def _resume(path: Path, key: dict, fresh: bool) -> list[dict]:
+    """Finished prompts of an interrupted run with the same settings (first line of the file = its key)."""
+    if fresh or not path.exists():
+        path.write_text(json.dumps({"key": key}) + "\n")
+        return []
+    lines = []
+    for x in path.read_text().splitlines():
+        try:
+            lines.append(json.loads(x))
+        except json.JSONDecodeError:     # a line cut by a kill: that prompt runs again
+            break
+    if not lines or lines[0].get("key") != json.loads(json.dumps(key)):
+        raise SystemExit(f"error: {path} holds a run with other settings; pass --fresh to discard it "
+                         "or choose another --out")
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))   # drop a cut last line, if any
+    print(f"resuming: {len(lines) - 1} prompt(s) already done in {path}", file=sys.stderr)
+    return lines[1:]
+
+
+def table(summary: dict) -> str:
+    orc = any("of_oracle" in s for s in summary.values())
+    rows = ["| method | Tok/s (mean) | Tok/s (total) | speedup |" + (" of oracle |" if orc else "") +
+            " tok/fwd | paths: % iters / MAL | identical |",
+            "|---|---|---|---|" + ("---|" if orc else "") + "---|---|---|"]
+    for m, s in summary.items():
+        paths = ", ".join(f"{k} {v['pct']:.1f}% / {v['mal']:.2f}" for k, v in s["paths"].items())
+        rows.append(f"| {m} | {s['tok_s']:.2f} | {s['tok_s_total']:.2f} | {s['speedup']:.2f}x |" +
+                    (f" {100 * s.get('of_oracle', 0):.0f}% |" if orc else "") +
+                    f" {s['tok_per_fwd']:.2f} | {paths} | {s['identical']}/{s['n']} |")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", required=True, choices=DATASETS)
+    ap.add_argument("--data-file", default=None, help="JSONL file (required for --dataset jsonl)")
+    ap.add_argument("--category", default=None, help="specbench / mtbench: keep these categories (comma-separated, e.g. writing,roleplay)")
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--methods", default="hf,hf-pld,vanilla,pld,copyspec,eagle3,switchsd,switchsd-paper",
+                    help=f"comma-separated: {', '.join(METHODS)} (variants NAME@chainG, NAME@treeKxDxN, +kN, +tX), "
+                         f"oracle, and the transformers peers {', '.join(PEERS)}")
+    ap.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    ap.add_argument("--warmup", type=int, default=1, help="warm-up generations per method before timing")
+    ap.add_argument("--out", default="runs/bench")
+    ap.add_argument("--fresh", action="store_true",
+                    help="discard a partial run in --out (default: resume it, prompt by prompt)")
+    add_model_args(ap)
+    add_decode_args(ap)
+    add_neural_args(ap)
+    args = ap.parse_args(argv)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    bad = [m for m in methods if re.split(r"[@+]", m, maxsplit=1)[0] not in METHODS and m != "oracle"
+           and m not in PEERS]
+    if bad or not methods:
+        ap.error(f"unknown method(s) {bad}; choose from {', '.join(METHODS + PEERS)}, oracle")
+    if "hf-assisted" in methods and not args.draft:
+        ap.error("hf-assisted needs --draft MODEL (a small model sharing the tokenizer)")
+    # vanilla first: the reference for identity, speedup and the oracle's continuation
+    methods = ["vanilla"] + [m for m in dict.fromkeys(methods) if m != "vanilla"]
+    try:
+        prompts = load_prompts(args.dataset, args.data_file, args.limit, args.category)
+    except (ValueError, FileNotFoundError) as e:
+        ap.error(str(e))
+    lm = load(args)
+    budget, source = resolve_budget(args, lm)
+    cfg = engine_config(args, budget)
+    copy = copy_config(args)
+    chat = not args.no_chat and bool(getattr(lm.tokenizer, "chat_template", None))
+    encoded = [(p["id"], lm.encode(p["prompt"], chat=chat)) for p in prompts]
+    too_long = [pid for pid, ids in encoded if len(ids) + 1 >= lm.max_length]
+    if too_long:
+        ap.error(f"prompts longer than the model's context ({lm.max_length}): {too_long[:5]}")
+    neural = Neural(args, lm)
+    eos = lm.eos_ids()
+
+    def make(m: str, cfg):
+        if m in PEERS:
+            return HFPeer(m, lm.model, cfg, eos, neural.drafters.draft_model if m == "hf-assisted" else None)
+        return build_engine(m, lm, cfg, copy, neural)
+
+    engines = {m: make(m, cfg) for m in methods if m != "oracle"}
+    oracle = lambda ref: Engine(lm.model, Fixed([OracleDrafter(ref)]), cfg, eos, lm.max_length)
+    # Warm-up: every method once on the first prompt (not timed, not recorded).
+    for m in methods:
+        if m == "oracle":
+            continue
+        warm = make(m, engine_config(argparse.Namespace(**{**vars(args), "max_new_tokens": 16}), budget))
+        for _ in range(args.warmup):
+            warm.run(encoded[0][1], torch.Generator().manual_seed(0))
+        warm.close()
+    records: dict[str, list[dict]] = {m: [] for m in methods}
+    vanilla_ids: dict = {}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    # Checkpoint: one JSON line per finished prompt, so a long run resumes where it stopped.
+    n_cfg, g_cfg = neural.configs()
+    key = {"dataset": args.dataset, "methods": methods, "prompts": [pid for pid, _ in encoded], "model": lm.name,
+           "chat": chat, "dtype": str(lm.dtype), "budget": budget, "engine": asdict(cfg), "copy": asdict(copy),
+           "neural": asdict(n_cfg), "gate": asdict(g_cfg), "eagle": args.eagle, "probe": args.probe,
+           "draft": args.draft}
+    done = _resume(out / "partial.jsonl", key, args.fresh)
+    for line in done:
+        vanilla_ids[line["id"]] = line["records"]["vanilla"]["token_ids"]
+        for m in methods:
+            records[m].append(line["records"][m])
+    bar = tqdm(total=len(encoded) * len(methods), initial=len(done) * len(methods), desc=f"bench {args.dataset}",
+               unit="gen", file=sys.stderr)
+    for pid, ids in encoded[len(done):]:
+        row = {}
+        for m in methods:
+            eng = oracle(ids + vanilla_ids[pid]) if m == "oracle" else engines[m]
+            res = eng.run(ids, torch.Generator().manual_seed(0))
+            if m == "vanilla":
+                vanilla_ids[pid] = res.token_ids
+            row[m] = {"id": pid, "prompt_tokens": len(ids), "token_ids": res.token_ids, "stats": res.stats}
+            records[m].append(row[m])
+            bar.set_postfix(method=m, tok_s=f"{res.stats['tok_s']:.1f}")
+            bar.update()
+        with open(out / "partial.jsonl", "a") as f:
+            f.write(json.dumps({"id": pid, "records": row}) + "\n")
+    bar.close()
+    summary = {m: aggregate(records[m], vanilla_ids) for m in methods}
+    base = summary["vanilla"]["tok_s"]
+    for s in summary.values():
+        s["speedup"] = s["tok_s"] / base if base else 0.0
+    if "oracle" in summary:
+        for s in summary.values():
+            s["of_oracle"] = s["speedup"] / summary["oracle"]["speedup"] if summary["oracle"]["speedup"] else 0.0
+    mismatches = _mismatches(args, lm, dict(encoded), records, vanilla_ids)
+    meta = {"dataset": args.dataset, "n_prompts": len(encoded), "methods": methods, "model": lm.name,
+            "device": str(lm.device), "dtype": str(lm.dtype), "chat": chat, "budget": budget,
+            "budget_source": source, "engine": asdict(cfg), "copy": asdict(copy),
+            "torch": torch.__version__, "platform": platform.platform(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": "python -m switchsd.bench " + " ".join(argv if argv is not None else sys.argv[1:])}
+    (out / "results.json").write_text(json.dumps({"meta": meta, "summary": summary, "mismatches": mismatches,
+                                                  "records": records}, indent=1))
+    md = table(summary)
+    (out / "table.md").write_text(f"{args.dataset}, {len(encoded)} prompts, {lm.name} on {lm.device} "
+                                  f"({lm.dtype}), budget {budget}, max_new_tokens {cfg.max_new_tokens}, "
+                                  f"T={cfg.sampling.temperature}\n\n{md}\n\n{summarize_mismatches(mismatches)}\n")
+    print(md)
+    print(json.dumps({"methods": {m: {"tok_s": round(s["tok_s"], 3), "speedup": round(s["speedup"], 3),
+                                      "tok_per_fwd": round(s["tok_per_fwd"], 3), "identical": s["identical"], "n": s["n"],
+                                      **({"of_oracle": round(s["of_oracle"], 3)} if "of_oracle" in s else {}),
+                                      "paths": {k: {"pct": round(v["pct"], 2), "mal": round(v["mal"], 3)}
+                                                for k, v in s["paths"].items()}}
+                                  for m, s in summary.items()}}))
+
+
+if __name__ == "__main__":
+    main()

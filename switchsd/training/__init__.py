@@ -1,0 +1,1 @@
+"""EAGLE-3 self-distillation: training prompts, target features, and the training loop."""
