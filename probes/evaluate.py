@@ -19,6 +19,7 @@ from tqdm import tqdm
 from switchsd.target.capture import HiddenCapture
 from switchsd.target.models import load_model
 from switchsd.core.probe import ProbeError, load_probe
+from switchsd.io import read_jsonl
 
 from .features import complete
 from .labels import aligned_pairs
@@ -26,17 +27,15 @@ from .metrics import best_f1, f1_at, roc_auc
 
 
 def read_prompts(path: str) -> list[dict]:
+    try:
+        raw = read_jsonl(path)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {e}")
     rows = []
-    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SystemExit(f"error: {path}:{i + 1}: not valid JSON ({e.msg})")
+    for i, r in enumerate(raw):
         p = r.get("prompt") if isinstance(r, dict) else None
         if not isinstance(p, str) or not p.strip():
-            raise SystemExit(f"error: {path}:{i + 1}: no 'prompt' text")
+            raise SystemExit(f"error: {path}: row {i + 1}: no 'prompt' text")
         rows.append({"id": i, "prompt": p})
     if not rows:
         raise SystemExit(f"error: {path} holds no prompts")

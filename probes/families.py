@@ -134,7 +134,7 @@ def broad_types():
     def quote_line(r):
         lines = [_sentence(r) for _ in range(4)]
         k = r.choice(["first", "second", "last"])
-        return (f"Here are four lines:\n" + "\n".join(lines) +
+        return ("Here are four lines:\n" + "\n".join(lines) +
                 f"\nQuote the {k} line exactly, then say what it describes.")
 
     def equation(r):

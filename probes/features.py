@@ -12,10 +12,9 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from tqdm import tqdm
 
-from switchsd.io import length_batches
+from switchsd.io import cut_at_eos, left_padded, length_batches, read_jsonl, right_padded, save_safetensors_atomic
 from switchsd.target.capture import HiddenCapture
 from switchsd.target.models import LoadedModel
 
@@ -34,11 +33,7 @@ def site_key(site: tuple[int, str]) -> str:
 def complete(lm: LoadedModel, rows: list[dict], out: Path, max_new_tokens: int = 192, batch: int = 16,
              chat: bool = True) -> list[dict]:
     """rows {"id", "prompt"} -> rows + {"prompt_ids", "completion_ids"}; cached in `out` (JSONL)."""
-    done = {}
-    if out.exists():
-        for line in out.read_text().splitlines():
-            r = json.loads(line)
-            done[r["id"]] = r
+    done = {r["id"]: r for r in read_jsonl(out)} if out.exists() else {}
     todo = [r for r in rows if r["id"] not in done]
     tok = lm.tokenizer
     tok.padding_side = "left"
@@ -49,15 +44,12 @@ def complete(lm: LoadedModel, rows: list[dict], out: Path, max_new_tokens: int =
         for i in tqdm(range(0, len(todo), batch), desc="target completions", unit="batch"):
             chunk = todo[i:i + batch]
             enc = [lm.encode(r["prompt"], chat=chat) for r in chunk]
-            P = max(len(e) for e in enc)
-            ids = torch.tensor([[pad] * (P - len(e)) + e for e in enc], device=lm.device)
-            att = torch.tensor([[0] * (P - len(e)) + [1] * len(e) for e in enc], device=lm.device)
+            ids, att = left_padded(enc, pad, lm.device)                             # [B, P]
+            P = ids.shape[1]
             seqs = lm.model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new_tokens,
                                      do_sample=False, pad_token_id=pad)
             for r, e, s in zip(chunk, enc, seqs):
-                comp = s[P:].tolist()
-                cut = next((j for j, t in enumerate(comp) if t in eos), None)
-                comp = comp[:cut + 1] if cut is not None else comp
+                comp = cut_at_eos(s[P:].tolist(), eos)
                 rec = {**r, "prompt_ids": e, "completion_ids": comp}
                 done[r["id"]] = rec
                 f.write(json.dumps(rec) + "\n")
@@ -77,13 +69,8 @@ def site_features(lm: LoadedModel, seqs: list[tuple[int, list[int], int]], out: 
             path = out / f"chunk_{ci:05d}.safetensors"
             if path.exists():
                 continue
-            T = max(len(t) for _, t, _ in chunk)
-            ids = torch.zeros(len(chunk), T, dtype=torch.long)
-            att = torch.zeros(len(chunk), T, dtype=torch.long)
-            for b, (_, t, _) in enumerate(chunk):
-                ids[b, :len(t)] = torch.tensor(t)
-                att[b, :len(t)] = 1
-            lm.model(input_ids=ids.to(lm.device), attention_mask=att.to(lm.device), logits_to_keep=1)
+            ids, att = right_padded([t for _, t, _ in chunk], lm.device)                 # [B, T]
+            lm.model(input_ids=ids, attention_mask=att, logits_to_keep=1)
             feats = {site_key(s): [] for s in sites}
             labels, sample = [], []
             for b, (sid, t, start) in enumerate(chunk):
@@ -100,9 +87,7 @@ def site_features(lm: LoadedModel, seqs: list[tuple[int, list[int], int]], out: 
             tensors = {k: torch.cat(v).contiguous() for k, v in feats.items()}
             tensors["labels"] = torch.tensor(labels, dtype=torch.uint8)
             tensors["sample"] = torch.tensor(sample, dtype=torch.int64)
-            tmp = path.with_suffix(".tmp")
-            save_file(tensors, str(tmp))
-            tmp.replace(path)
+            save_safetensors_atomic(tensors, path)
 
 
 def load_site(folder: Path, key: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

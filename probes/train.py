@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from switchsd.target.models import load_model
 from switchsd.core.probe import Probe
+from switchsd.io import read_jsonl
 
 from .features import all_sites, load_site, site_key
 from .fit import fit_probe
@@ -124,7 +125,7 @@ def _prompt_summary(folder: Path) -> str:
     path = folder / "prompts.jsonl"
     if not path.exists():
         return "CopyDiversity-style, 3 tiers"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_jsonl(path)
     return (f"CopyDiversity-style, {len(rows)} prompts of {len({r['type'] for r in rows})} types "
             f"(probes/copydiversity.py + probes/families.py), {len({r['tier'] for r in rows})} tiers")
 

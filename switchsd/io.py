@@ -1,9 +1,76 @@
-"""Packing variable-length sequences into padded batches of at most `tokens_per_batch` tokens."""
+"""Small helpers shared by the data pipelines (probes, EAGLE-3 self-distillation, benchmarks, calibration):
+JSONL reading, atomic writes, padded batches and length-bucketed packing."""
 from __future__ import annotations
 
-from typing import Callable, Sequence, TypeVar
+import json
+import os
+from pathlib import Path
+from typing import Callable, Iterable, Sequence, TypeVar
+
+import torch
 
 T = TypeVar("T")
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Every non-blank line of a JSONL file; a bad line raises ValueError naming the file and line."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+    return rows
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(f"{path.name}.tmp{os.getpid()}")
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write `text` so that readers see the old file or the new one, never half of it."""
+    path = Path(path)
+    tmp = _tmp(path)
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def save_safetensors_atomic(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict | None = None) -> None:
+    """safetensors' save_file through a temporary name: an interrupted run never leaves a truncated file."""
+    from safetensors.torch import save_file
+    path = Path(path)
+    tmp = _tmp(path)
+    save_file(tensors, str(tmp), metadata=metadata)
+    tmp.replace(path)
+
+
+def left_padded(seqs: Sequence[Sequence[int]], pad: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts for batched generation: (ids [B, P], attention mask [B, P]) padded on the left."""
+    P = max(len(s) for s in seqs)
+    ids = torch.tensor([[pad] * (P - len(s)) + list(s) for s in seqs], device=device)
+    att = torch.tensor([[0] * (P - len(s)) + [1] * len(s) for s in seqs], device=device)
+    return ids, att
+
+
+def right_padded(seqs: Sequence[Sequence[int]], device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences for one teacher-forced forward: (ids [B, T], mask [B, T]) padded on the right, so every row's
+    positions start at 0 and its hidden states line up with a single-sequence forward."""
+    T = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), T, dtype=torch.long)
+    att = torch.zeros(len(seqs), T, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, :len(s)] = torch.tensor(list(s), dtype=torch.long)
+        att[b, :len(s)] = 1
+    return ids.to(device), att.to(device)
+
+
+def cut_at_eos(tokens: Sequence[int], eos: Iterable[int]) -> list[int]:
+    """`tokens` up to and including the first end-of-sequence token."""
+    eos = set(eos)
+    cut = next((j for j, t in enumerate(tokens) if t in eos), None)
+    return list(tokens[:cut + 1] if cut is not None else tokens)
 
 
 def length_batches(items: Sequence[T], length: Callable[[T], int], tokens_per_batch: int) -> list[list[T]]:

@@ -319,8 +319,9 @@ def test_real_model_switchsd_and_bandit_with_shipped_probe_and_head(real_lm, tex
     float32, padded verify forwards included."""
     import argparse
 
-    from switchsd.cli.common import (DEFAULT_HEADS, DEFAULT_PROBES, Neural, add_decode_args, add_neural_args,
-                                     build_engine, copy_config, engine_config)
+    from switchsd.cli.common import (Neural, add_decode_args, add_neural_args, build_engine, copy_config,
+                                     engine_config)
+    from switchsd.factory import DEFAULT_HEADS, DEFAULT_PROBES
     if not (DEFAULT_PROBES[real_lm.name].exists() and DEFAULT_HEADS[real_lm.name].exists()):
         pytest.skip("needs the shipped probe and EAGLE3 head")
     ap = argparse.ArgumentParser()

@@ -157,7 +157,7 @@ def _shipped_probe_auc(lm, rows, tmp_path, max_new_tokens: int) -> tuple[float, 
     """(ROC AUC, copy rate) of the shipped probe on greedy completions of `rows` written by the target."""
     from probes.evaluate import score_sequences
     from probes.features import complete
-    from switchsd.cli.common import DEFAULT_PROBES
+    from switchsd.factory import DEFAULT_PROBES
     from switchsd.target.models import DEFAULT_MODEL
     path = DEFAULT_PROBES[DEFAULT_MODEL]
     if not path.exists():

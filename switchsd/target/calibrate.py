@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from ..core.costs import VerifyCost
+from ..io import write_text_atomic
 from .models import LoadedModel, cache_dir, dtype_choice_path, load_model
 from .forward import FORWARDS, make_target, resolve_forward
 
@@ -157,9 +158,7 @@ def save(lm: LoadedModel, curve: dict[int, float], prefix: int, ratio: float, fo
     out = {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype), "prefix": prefix,
            "forward": resolve_forward(lm.model, forward), "break_even": shapes_that_pay(curve),
            "curve_ms": curve, "ratio": ratio, "budget": budget_from_curve(curve, ratio)}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(out, indent=1))
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(out, indent=1))
     return path
 
 

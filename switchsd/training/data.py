@@ -16,10 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from tqdm import tqdm
 
-from ..io import length_batches
+from ..io import cut_at_eos, length_batches, left_padded, read_jsonl, right_padded, save_safetensors_atomic
 from ..target.models import LoadedModel
 
 
@@ -27,10 +27,9 @@ from ..target.models import LoadedModel
 def generate_shard(lm: LoadedModel, prompts: list[str], layers: tuple[int, int, int], max_new_tokens: int) -> dict:
     tok, model = lm.tokenizer, lm.model
     enc = [lm.encode(p, chat=True) for p in prompts]
-    P = max(len(e) for e in enc)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    ids = torch.tensor([[pad] * (P - len(e)) + e for e in enc], device=lm.device)          # left padding
-    att = torch.tensor([[0] * (P - len(e)) + [1] * len(e) for e in enc], device=lm.device)
+    ids, att = left_padded(enc, pad, lm.device)                                            # [B, P]
+    P = ids.shape[1]
     out = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new_tokens, do_sample=False,
                          output_hidden_states=True, return_dict_in_generate=True, pad_token_id=pad)
     seqs = out.sequences                                                                   # [B, P + N]
@@ -41,9 +40,7 @@ def generate_shard(lm: LoadedModel, prompts: list[str], layers: tuple[int, int, 
     eos = lm.eos_ids()
     shard = {}
     for b, e in enumerate(enc):
-        resp = seqs[b, P:].tolist()
-        cut = next((i for i, t in enumerate(resp) if t in eos), None)
-        resp = resp[:cut + 1] if cut is not None else resp
+        resp = cut_at_eos(seqs[b, P:].tolist(), eos)
         T = len(e) + len(resp)
         lo = P - len(e)
         shard[f"{b}.ids"] = torch.tensor(e + resp, dtype=torch.int32)
@@ -66,19 +63,14 @@ def build(lm: LoadedModel, prompts: list[str], out: Path, layers: tuple[int, int
         path = out / f"feat_{si:05d}.safetensors"
         if path.exists():
             continue
-        shard = generate_shard(lm, [prompts[i] for i in chunk], layers, max_new_tokens)
-        tmp = path.with_suffix(".tmp")
-        save_file(shard, str(tmp))
-        tmp.replace(path)
+        save_safetensors_atomic(generate_shard(lm, [prompts[i] for i in chunk], layers, max_new_tokens), path)
 
 
 @torch.inference_mode()
 def from_completions(lm: LoadedModel, jsonl: Path, out: Path, layers: tuple[int, int, int],
                      tokens_per_batch: int = 4096) -> int:
     """Completions already written by the target -> shards in the format above. Returns the sample count."""
-    import json
-    rows = [json.loads(l) for l in jsonl.read_text().splitlines() if l.strip()]
-    rows = [r for r in rows if r.get("completion_ids")]
+    rows = [r for r in read_jsonl(jsonl) if r.get("completion_ids")]
     chunks = length_batches(rows, lambda r: len(r["prompt_ids"]) + len(r["completion_ids"]), tokens_per_batch)
     out.mkdir(parents=True, exist_ok=True)
     for si, chunk in enumerate(tqdm(chunks, desc=f"features of {jsonl.name}", unit="shard")):
@@ -86,13 +78,8 @@ def from_completions(lm: LoadedModel, jsonl: Path, out: Path, layers: tuple[int,
         if path.exists():
             continue
         seqs = [r["prompt_ids"] + r["completion_ids"] for r in chunk]
-        T = max(len(s) for s in seqs)
-        ids = torch.zeros(len(seqs), T, dtype=torch.long)
-        att = torch.zeros(len(seqs), T, dtype=torch.long)
-        for b, s in enumerate(seqs):                                      # right padding: positions start at 0
-            ids[b, :len(s)] = torch.tensor(s)
-            att[b, :len(s)] = 1
-        hs = lm.model(input_ids=ids.to(lm.device), attention_mask=att.to(lm.device), output_hidden_states=True,
+        ids, att = right_padded(seqs, lm.device)                          # [B, T]
+        hs = lm.model(input_ids=ids, attention_mask=att, output_hidden_states=True,
                       logits_to_keep=1).hidden_states                    # (emb, layer outputs.., final normed)
         aux = torch.cat([hs[i] for i in layers], -1)                     # [B, T, 3H] inputs to the fused layers
         shard = {}
@@ -102,9 +89,7 @@ def from_completions(lm: LoadedModel, jsonl: Path, out: Path, layers: tuple[int,
             shard[f"{b}.aux"] = aux[b, :n].to(torch.float16).contiguous()
             shard[f"{b}.final"] = hs[-1][b, :n].to(torch.float16).contiguous()
             shard[f"{b}.start"] = torch.tensor([len(r["prompt_ids"])], dtype=torch.int32)
-        tmp = path.with_suffix(".tmp")
-        save_file(shard, str(tmp))
-        tmp.replace(path)
+        save_safetensors_atomic(shard, path)
     return len(rows)
 
 

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from tqdm import tqdm
 
-from ..io import length_batches
+from ..io import length_batches, save_safetensors_atomic, write_text_atomic
 from ..drafters.eagle3_model import Eagle3Config, Eagle3Head, save_eagle3
 from .data import build, from_completions, load_samples
 from .prompts import build_prompts
@@ -129,10 +129,8 @@ def save_ckpt(work: Path, head: Eagle3Head, opt: torch.optim.Optimizer, state: d
                 tensors[f"m.{names[id(p)]}"] = st["exp_avg"].contiguous()
                 tensors[f"v.{names[id(p)]}"] = st["exp_avg_sq"].contiguous()
                 state.setdefault("adam_step", {})[names[id(p)]] = float(st["step"])
-    tmp = work / "ckpt.tmp"
-    save_file(tensors, str(tmp))
-    tmp.replace(work / "ckpt.safetensors")
-    (work / "ckpt.json").write_text(json.dumps(state))
+    save_safetensors_atomic(tensors, work / "ckpt.safetensors")
+    write_text_atomic(work / "ckpt.json", json.dumps(state))
 
 
 def load_ckpt(work: Path, head: Eagle3Head, opt: torch.optim.Optimizer) -> dict | None:
