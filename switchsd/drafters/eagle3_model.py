@@ -55,9 +55,6 @@ class Eagle3Config:
     def from_json(cls, d: dict) -> "Eagle3Config":
         H = int(d["hidden_size"])
         heads = int(d["num_attention_heads"])
-        rope = d.get("rope_theta")
-        if rope is None and isinstance(d.get("rope_parameters"), dict):
-            rope = d["rope_parameters"].get("rope_theta")
         aux = d.get("eagle_aux_hidden_state_layer_ids")
         if aux is None and isinstance(d.get("eagle_config"), dict):
             ids = d["eagle_config"].get("eagle_aux_hidden_state_layer_ids")
@@ -67,9 +64,15 @@ class Eagle3Config:
                    head_dim=int(d.get("head_dim") or H // heads), vocab_size=int(d["vocab_size"]),
                    draft_vocab_size=int(d.get("draft_vocab_size") or d["vocab_size"]),
                    target_hidden_size=int(d.get("target_hidden_size") or H),
-                   rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
-                   rope_theta=float(rope) if rope is not None else 10000.0,
+                   rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)), rope_theta=rope_theta_of(d),
                    aux_layers=tuple(int(i) for i in aux) if aux is not None else None)
+
+    @classmethod
+    def for_target(cls, target_config, draft_vocab_size: int, rope_theta: float | None = None) -> "Eagle3Config":
+        """A new head shaped like one layer of the target (what self-distillation trains)."""
+        d = target_config.to_dict()
+        return cls.from_json({**d, "draft_vocab_size": draft_vocab_size, "target_hidden_size": d["hidden_size"],
+                              "rope_theta": rope_theta if rope_theta is not None else rope_theta_of(d)})
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -81,8 +84,21 @@ class Eagle3Config:
         return d
 
     def layers_for(self, n_target_layers: int) -> tuple[int, int, int]:
-        L = n_target_layers
-        return self.aux_layers or (2, L // 2, L - 3)
+        return self.aux_layers or default_aux_layers(n_target_layers)
+
+
+def default_aux_layers(n_target_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's fused features: the inputs to target layers 2, L/2 and L-3 (hidden_states indices)."""
+    L = n_target_layers
+    return (2, L // 2, L - 3)
+
+
+def rope_theta_of(config: dict) -> float:
+    """RoPE base of a config dict: `rope_theta`, or transformers 5's `rope_parameters.rope_theta`; else 10000."""
+    rope = config.get("rope_theta")
+    if rope is None and isinstance(config.get("rope_parameters"), dict):
+        rope = config["rope_parameters"].get("rope_theta")
+    return float(rope) if rope is not None else 10000.0
 
 
 class RMSNorm(nn.Module):
@@ -167,22 +183,31 @@ class Eagle3Head(nn.Module):
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool))
 
+    def qkv(self, emb: torch.Tensor, h: torch.Tensor, pos: torch.Tensor):
+        """The block's input: normed token embedding and normed hidden, side by side. emb, h [B, T, H]; pos [T]
+        -> q [B, heads, T, hd], k, v [B, kv_heads, T, hd] (RoPE applied)."""
+        m = self.midlayer
+        x = torch.cat([m.input_layernorm(emb), m.hidden_norm(h)], -1)           # [B, T, 2H] embedding first
+        return m.self_attn.qkv(x, pos)
+
+    def finish(self, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The block's output from the attention result attn [B, T, H] (after o_proj): residual, then MLP."""
+        m = self.midlayer
+        h1 = h + attn
+        return h1 + m.mlp(m.post_attention_layernorm(h1))
+
     def step(self, emb: torch.Tensor, h: torch.Tensor, pos: torch.Tensor, past_k: torch.Tensor | None,
              past_v: torch.Tensor | None, mask: torch.Tensor | None):
         """One midlayer pass. emb, h [B, T, H]; pos [T]; past K/V [B, kvh, S, hd]; mask additive [T, S+T]
         (None: causal over the new rows, full over the past). Returns out [B, T, H] (pre-norm), k, v (new rows).
         """
-        m = self.midlayer
-        x = torch.cat([m.input_layernorm(emb), m.hidden_norm(h)], -1)           # [B, T, 2H] embedding first
-        q, k, v = m.self_attn.qkv(x, pos)
+        q, k, v = self.qkv(emb, h, pos)
         K = k if past_k is None else torch.cat([past_k, k], 2)
         V = v if past_v is None else torch.cat([past_v, v], 2)
         if mask is None and q.shape[2] > 1:
             T, S = q.shape[2], K.shape[2]
             mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-        h1 = h + m.self_attn.attend(q, K, V, mask)
-        out = h1 + m.mlp(m.post_attention_layernorm(h1))
-        return out, k, v
+        return self.finish(h, self.midlayer.self_attn.attend(q, K, V, mask)), k, v
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """[..., H] -> draft-vocab logits [..., Vd]."""

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 
 from ..io import length_batches, save_safetensors_atomic, write_text_atomic
-from ..drafters.eagle3_model import Eagle3Config, Eagle3Head, save_eagle3
+from ..drafters.eagle3_model import Eagle3Config, Eagle3Head, default_aux_layers, save_eagle3
 from .data import build, from_completions, load_samples
 from .prompts import build_prompts
 from ..target.models import load_model
@@ -42,6 +42,38 @@ def build_vocab(samples: list[dict], draft_vocab: int, vocab: int) -> tuple[torc
     t2d[used] = True
     coverage = float(counts[used].sum() / counts.sum())
     return d2t, t2d, coverage
+
+
+def ttt_logits(head: Eagle3Head, embed, ids: torch.Tensor, aux: torch.Tensor, K: int) -> list[torch.Tensor]:
+    """Training-time test: the head drafts K steps ahead at every position at once, each step attending to the
+    fused target features up to its position and to its own earlier steps there (EAGLE-3's TTT attention).
+    ids [B, n+1] tokens, aux [B, n, 3H] fused target features -> K log-prob tensors [B, n, Vd]; step k at index t
+    reads token x_{t+1+k} and predicts x_{t+2+k}. Step 0 is exactly `Eagle3Head.step` over the sequence."""
+    c = head.config
+    B, n = aux.shape[:2]
+    t_idx = torch.arange(n, device=aux.device)
+    h = head.fc(aux)                                                     # [B, n, H]
+    scale = 1.0 / math.sqrt(c.head_dim)
+    rep = c.num_attention_heads // c.num_key_value_heads
+    causal = torch.ones(n, n, dtype=torch.bool, device=aux.device).tril()
+    Ks, Vs, out_logits = [], [], []
+    for k in range(K):
+        q, kk, vv = head.qkv(embed(ids[:, (t_idx + 1 + k).clamp(max=n)]), h, t_idx + k)
+        kk, vv = kk.repeat_interleave(rep, 1), vv.repeat_interleave(rep, 1)   # [B, heads, n, hd]
+        if k == 0:
+            K0, V0 = kk, vv
+        else:
+            Ks.append(kk)
+            Vs.append(vv)
+        scores = [(q @ K0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]
+        scores += [((q * kj).sum(-1, keepdim=True) * scale) for kj in Ks]          # own earlier steps, same t
+        w = torch.softmax(torch.cat(scores, -1).float(), -1).to(q.dtype)
+        attn = w[..., :n] @ V0
+        for j, vj in enumerate(Vs):
+            attn = attn + w[..., n + j:n + j + 1] * vj
+        h = head.finish(h, head.midlayer.self_attn.o_proj(attn.transpose(1, 2).reshape(B, n, -1)))
+        out_logits.append(torch.log_softmax(head.logits(h).float(), -1))          # [B, n, Vd]
+    return out_logits
 
 
 def ttt_loss(head: Eagle3Head, embed, teacher_w: torch.Tensor, batch: list[dict], K: int, decay: float = 0.8):
@@ -69,47 +101,17 @@ def ttt_loss(head: Eagle3Head, embed, teacher_w: torch.Tensor, batch: list[dict]
     with torch.no_grad(), torch.autocast(dev.type, enabled=False):
         teach = torch.log_softmax(fin @ teacher_w.T, -1)                # [B, n, Vd]: target at position j
     t_idx = torch.arange(n, device=dev)
-    m = head.midlayer
-    h = head.fc(aux)                                                     # [B, n, H]
-    scale = 1.0 / math.sqrt(c.head_dim)
-    rep = c.num_attention_heads // c.num_key_value_heads
-    causal = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
-    Ks, Vs = [], []
     total, accs, count = 0.0, [], 0
-    for k in range(K):
-        # input at index t: hidden h (step 0: fused target features), token x_{t+1+k}; predicts x_{t+2+k}
-        tok_idx = (t_idx + 1 + k).clamp(max=n)
-        emb = embed(ids[:, tok_idx])
-        x = torch.cat([m.input_layernorm(emb), m.hidden_norm(h)], -1)
-        q, kk, vv = m.self_attn.qkv(x, t_idx + k)
-        kk, vv = kk.repeat_interleave(rep, 1), vv.repeat_interleave(rep, 1)   # [B, heads, n, hd]
-        if k == 0:
-            K0, V0 = kk, vv
-            scores = [(q @ K0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]
-        else:
-            Ks.append(kk)
-            Vs.append(vv)
-            scores = [(q @ K0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]
-            scores += [((q * kj).sum(-1, keepdim=True) * scale) for kj in Ks]
-        w = torch.softmax(torch.cat(scores, -1).float(), -1).to(q.dtype)
-        attn = w[..., :n] @ V0
-        for j, vj in enumerate(Vs):
-            attn = attn + w[..., n + j:n + j + 1] * vj
-        attn = m.self_attn.o_proj(attn.transpose(1, 2).reshape(B, n, -1))
-        h1 = h + attn
-        out = h1 + m.mlp(m.post_attention_layernorm(h1))
-        logits = torch.log_softmax(head.logits(out).float(), -1)         # [B, n, Vd]
+    for k, logits in enumerate(ttt_logits(head, embed, ids, aux, K)):
         # teacher: the target's distribution at position t+1+k (it predicts x_{t+2+k})
         tj = t_idx + 1 + k
         ok = (tj[None] < length[:, None]) & valid[:, (t_idx + 2 + k).clamp(max=n)]
-        tgt = teach[:, tj.clamp(max=n - 1)]
-        p = tgt.exp()
+        p = teach[:, tj.clamp(max=n - 1)].exp()
         loss_k = -(p * logits).sum(-1)
         cnt = ok.sum().clamp(min=1)
         total = total + (decay ** k) * (loss_k * ok).sum() / cnt
         accs.append(float(((logits.argmax(-1) == p.argmax(-1)) & ok).sum() / cnt))
         count = int(ok.sum()) if k == 0 else count
-        h = out
     return total, accs, count
 
 
@@ -180,8 +182,7 @@ def main(argv=None) -> None:
     lm = load_model(args.target, dtype=args.gen_dtype if args.stage in ("all", "data") else "float32")
     lm.tokenizer.padding_side = "left"
     tc = lm.model.config
-    L = tc.num_hidden_layers
-    layers = (2, L // 2, L - 3)
+    layers = default_aux_layers(tc.num_hidden_layers)
     if args.stage in ("all", "data"):
         if args.prompts > 0:
             build(lm, build_prompts(args.prompts, args.seed, args.prompt_set), work / "data", layers,
@@ -202,13 +203,7 @@ def main(argv=None) -> None:
     n_val = max(1, len(samples) // 20)
     val, train = samples[:n_val], samples[n_val:]
     d2t, t2d, coverage = build_vocab(train, args.draft_vocab, tc.vocab_size)
-    rope = args.rope_theta or float(getattr(tc, "rope_theta", None) or
-                                    (getattr(tc, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
-    hd = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
-    cfg = Eagle3Config(hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
-                       num_attention_heads=tc.num_attention_heads, num_key_value_heads=tc.num_key_value_heads,
-                       head_dim=hd, vocab_size=tc.vocab_size, draft_vocab_size=args.draft_vocab,
-                       target_hidden_size=tc.hidden_size, rms_norm_eps=tc.rms_norm_eps, rope_theta=rope)
+    cfg = Eagle3Config.for_target(tc, args.draft_vocab, args.rope_theta)
     if args.init:
         from ..drafters.eagle3_model import load_eagle3
         head = load_eagle3(args.init, lm.model).float().requires_grad_(True).train()
