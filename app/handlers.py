@@ -6,7 +6,7 @@ import html
 import os
 import time
 from contextlib import closing
-from typing import Iterator
+from typing import Any, Iterator, NamedTuple
 
 import gradio as gr
 import torch
@@ -30,6 +30,31 @@ PLOT_REFRESH_S = float(os.environ.get("SWITCHSD_PLOT_REFRESH_S", 0.5))   # the f
 FULL_REFRESH_S = float(os.environ.get("SWITCHSD_FULL_REFRESH_S", 3.0))   # whole view through Gradio (API)
 PLOT_IDS = ("plot-accept", "plot-probe", "plot-copy-rate", "plot-toks")    # elem ids, in output order
 UI_SHARE = 0.05            # ...and both less often when drawing would take more than this share of the time
+
+
+class GenerateFrame(NamedTuple):
+    """One update of the Generate tab: its fields are the tab's outputs, in the order the studio wires them."""
+    tokens: Any
+    status: Any
+    accept_plot: Any
+    probe_plot: Any
+    copy_rate_plot: Any
+    toks_plot: Any
+    state: Any          # the finished run, for the step inspector
+    live: Any           # names the streaming run for the page script (app/live.py)
+
+    @classmethod
+    def of(cls, **fields) -> "GenerateFrame":
+        """A frame that updates only `fields` (every other output is left as it is)."""
+        return cls(**{f: fields.get(f, gr.skip()) for f in cls._fields})
+
+
+class RaceFrame(NamedTuple):
+    """One update of the Race tab."""
+    lanes: Any
+    status: Any
+    toks_plot: Any
+    tok_per_fwd_plot: Any
 
 
 def check_prompt(res: Resources, prompt: str, chat: bool) -> list[int]:
@@ -77,15 +102,15 @@ def _events(engine, ids: list[int]) -> Iterator[StepEvent]:
 
 def generate(res: Resources, prompt: str, method: str, temperature: float, max_new: int, chat: bool,
              tau: float | None, kappa: int, width: int, depth: int, gamma: int,
-             session: str | None = None, dtype: str = "auto") -> Iterator[tuple]:
-    """Streams (tokens html, status, accept fig, probe fig, copy-rate fig, tok/s fig, events, live html).
+             session: str | None = None, dtype: str = "auto") -> Iterator[GenerateFrame]:
+    """Streams GenerateFrames: tokens html, status, the four figures, the run's events, the live marker.
     Gradio carries the first frame (whose live html names the run on the live board), a full refresh every
     FULL_REFRESH_S for API clients, and the final frame with the figures; in between the page script polls the
     board (app/live.py) for new token spans, live figures and the status line."""
     t_click = time.monotonic()
     try:
         first = "Loading the model (first run only)…" if not res.loaded else "Starting…"
-        yield gr.skip(), first, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        yield GenerateFrame.of(status=first)
         ids = check_prompt(res, prompt, chat)
         max_new = check_max_new(max_new)
         engine = res.engine(method, max_new, temperature, tau, kappa, width, depth, gamma, dtype=dtype)
@@ -95,7 +120,7 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
         raise gr.Error(f"{e.__class__.__name__}: {e}")
     if res.worker.cancelled_since(session or "", t_click):      # Stop came while the engine was being built
         engine.close()
-        yield (gr.skip(), "<b>Stopped</b> before the first token.", *(gr.skip(),) * 6)
+        yield GenerateFrame.of(status="<b>Stopped</b> before the first token.")
         return
     lm = res.lm(dtype)
     t_tau = engine_tau(engine)
@@ -113,10 +138,11 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
         return (plots.accept_plot(events), plots.probe_plot(events, t_tau), plots.copy_rate_plot(events),
                 plots.toks_plot({method: plots.timeline(events)}))
 
-    def final(line: str) -> tuple:  # the inspector reads the final run's events
+    def final(line: str) -> GenerateFrame:  # the inspector reads the final run's events
         BOARD.post(token, done=True)
         state = {"events": events, "prompt": ids, "tau": t_tau, "method": method, "tokenizer": lm.tokenizer}
-        return (tokens_html(lm.tokenizer, events, t_tau, ids), line, *map(plots.plot_value, figures()), state, "")
+        return GenerateFrame(tokens_html(lm.tokenizer, events, t_tau, ids), line, *map(plots.plot_value, figures()),
+                             state=state, live="")
 
     # Stop (studio.stop_fn -> worker.cancel) ends this stream at the engine's next step; the run then ends with
     # a "Stopped" frame below
@@ -150,7 +176,7 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
                 # the first frame names the run for the page script; later ones serve API clients (gradio_client)
                 live = (f'<div class="ssd-run" data-run="{token}" data-every="{int(1000 * REFRESH_S)}"></div>'
                         if first else gr.skip())
-                yield (tokens_html(lm.tokenizer, events, t_tau, ids), line, *(gr.skip(),) * 5, live)
+                yield GenerateFrame.of(tokens=tokens_html(lm.tokenizer, events, t_tau, ids), status=line, live=live)
                 last_full = now
             last = time.perf_counter()
             last_plot = last if with_plots else last_plot
@@ -231,7 +257,7 @@ def _badge(lm, out: list[int], ref: list[int], why: dict | None) -> tuple[bool, 
                    f"(a {dt} near-tie; run in float32 for identity)")
 
 
-def _race_frame(lm, runs, cut, with_vanilla, status, ref):
+def _race_frame(lm, runs, cut, with_vanilla, status, ref) -> RaceFrame:
     from .render import lane_html
     lanes = []
     shown = {m: g for m, g in runs.items() if with_vanilla or m != "vanilla"}
@@ -247,8 +273,8 @@ def _race_frame(lm, runs, cut, with_vanilla, status, ref):
     series = {m: plots.timeline(g.events) for m, g in shown.items()}
     lanes_ev = {m: g.events[:cut.get(m, len(g.events))] for m, g in shown.items()}
     rates = {m: (series[m][0], series[m][1]) for m in shown}
-    return ("".join(lanes) or "<i>no lanes yet</i>", status, plots.plot_value(plots.toks_plot(rates)),
-            plots.plot_value(plots.tok_per_fwd_plot(lanes_ev)))
+    return RaceFrame("".join(lanes) or "<i>no lanes yet</i>", status, plots.plot_value(plots.toks_plot(rates)),
+                     plots.plot_value(plots.tok_per_fwd_plot(lanes_ev)))
 
 
 def explain_step(state: dict | None, step: int) -> str:

@@ -80,13 +80,13 @@ class Resources:
         try:
             cfg = EngineConfig(max_new_tokens=int(max_new_tokens), budget=load_budget(lm)[0],
                                sampling=SamplingConfig(temperature=float(temperature)))
-            copy = CopyConfig(kappa=int(kappa), max_candidates=int(width), max_draft_len=int(depth))
+            copy_cfg = CopyConfig(kappa=int(kappa), max_candidates=int(width), max_draft_len=int(depth))
             neural = NeuralConfig(shape="chain", gamma=int(gamma)) if gamma and int(gamma) > 0 else NeuralConfig()
             gate = GateConfig(tau=None if tau is None else float(tau), kappa=int(kappa))
         except (TypeError, ValueError) as e:
             raise UserError(str(e)) from None
         try:
-            return self.worker.call(build_engine, method, lm, self.drafters(lm), cfg, copy, neural, gate)
+            return self.worker.call(build_engine, method, lm, self.drafters(lm), cfg, copy_cfg, neural, gate)
         except SetupError as e:
             raise UserError(str(e)) from None
 

@@ -46,134 +46,151 @@ def _ui_error(fn):
     return wrapped
 
 
+def _header(res: Resources) -> tuple[gr.Markdown, gr.Radio]:
+    gr.HTML(f"<style>{CSS}</style>")
+    gr.Markdown("# SwitchSD Studio\nSpeculative decoding that copies from the context only when the model "
+                "itself intends to copy. Every token is coloured by the path that drafted it.")
+    with gr.Row():
+        model_status = gr.Markdown(res.status(), elem_id="model-status")
+        precision = gr.Radio(["auto", "float32"], value="auto", elem_id="precision",
+                             label="Precision: auto = the fastest here (bfloat16 on CPUs with native bf16: equal "
+                                   "to vanilla up to near-ties); float32 = token-for-token identical to vanilla")
+    return model_status, precision
+
+
+def generate_tab(res: Resources, precision: gr.Radio, model_status: gr.Markdown) -> tuple:
+    """One method, streamed: tokens coloured by path and probe score, live plots. Returns what the other tabs and
+    the page load use: (chat checkbox, run state, the generate event, empty-plots function, the plot outputs)."""
+    with gr.Tab("Generate", id="tab-generate"):
+        with gr.Row():
+            with gr.Column(scale=3):
+                preset = gr.Dropdown(list(PRESETS), label="Preset", value=None, elem_id="preset")
+                prompt = gr.Textbox(label="Prompt", lines=5, elem_id="prompt", value=PRESETS["JSON echo (copy-heavy)"])
+            with gr.Column(scale=2):
+                method = gr.Dropdown(list(METHODS), value=res.default_method(), label="Method", elem_id="method")
+                with gr.Row():
+                    temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature")
+                    max_new = gr.Slider(1, handlers.MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens")
+                chat = gr.Checkbox(value=True, label="Chat template")
+                with gr.Accordion("Gate and drafter knobs", open=False):
+                    with gr.Row():
+                        tau_on = gr.Checkbox(False, label="override the probe's tau")
+                        tau = gr.Slider(0.0, 1.0, value=0.5, step=0.01, label="tau")
+                    with gr.Row():
+                        kappa = gr.Number(GATE.kappa, label="kappa", precision=0, minimum=1, maximum=32)
+                        width = gr.Number(COPY.max_candidates, label="W candidates", precision=0, minimum=1, maximum=64)
+                        depth = gr.Number(COPY.max_draft_len, label="D tokens", precision=0, minimum=1, maximum=64)
+                        gamma = gr.Number(0, label="gamma (0: default shape, cost-chosen chain)", precision=0,
+                                          minimum=0, maximum=16)
+                with gr.Row():
+                    run = gr.Button("Generate", variant="primary", elem_id="run")
+                    stop = gr.Button("Stop", elem_id="stop")
+        out = {"status": gr.HTML(elem_id="status"), "tokens": gr.HTML(elem_id="tokens-view")}
+        with gr.Row():
+            out["accept_plot"] = gr.Plot(elem_id=handlers.PLOT_IDS[0], show_label=False)
+            out["probe_plot"] = gr.Plot(elem_id=handlers.PLOT_IDS[1], show_label=False)
+        with gr.Row():
+            out["copy_rate_plot"] = gr.Plot(elem_id=handlers.PLOT_IDS[2], show_label=False)
+            out["toks_plot"] = gr.Plot(elem_id=handlers.PLOT_IDS[3], show_label=False)
+        out["live"] = gr.HTML(elem_id="live-plots")     # hidden: names the streaming run for the page script
+    out["state"] = gr.State(None)
+    plot_outputs = [out[f] for f in ("accept_plot", "probe_plot", "copy_rate_plot", "toks_plot")]
+
+    # empty axes from the start (live frames draw over them; Plotly.js is loaded for ?live=plotly)
+    empty = (plots.accept_plot([]), plots.probe_plot([], 0.5), plots.copy_rate_plot([]), plots.toks_plot({}))
+    empty_plots = lambda: tuple(map(plots.plot_value, empty))       # noqa: E731
+    preset.change(lambda p: PRESETS.get(p, gr.skip()), preset, prompt, queue=False)
+
+    def gen(p, m, t, n, c, on, tau_, k, w, d, g, dt, request: gr.Request):
+        yield from handlers.generate(res, p, m, t, n, c, tau_ if on else None, k, w, d, g,
+                                     session=getattr(request, "session_hash", None), dtype=dt)
+
+    def stop_fn(request: gr.Request):       # stops this session's engine at its next step
+        res.worker.cancel(getattr(request, "session_hash", None) or "")
+
+    gen_ev = run.click(gen, [prompt, method, temperature, max_new, chat, tau_on, tau, kappa, width, depth, gamma,
+                             precision], [out[f] for f in handlers.GenerateFrame._fields],
+                       concurrency_limit=1, concurrency_id="device", api_name="generate",
+                       show_progress="hidden")   # our status line says it; Gradio's animated overlay costs CPU
+    gen_ev.then(lambda: res.status(), None, model_status, queue=False)
+    stop.click(stop_fn, None, None, queue=False)     # the run ends with a "Stopped" frame (not a Gradio cancel)
+    return chat, out["state"], gen_ev, empty_plots, plot_outputs
+
+
+def race_tab(res: Resources, precision: gr.Radio, chat: gr.Checkbox) -> None:
+    with gr.Tab("Race", id="tab-race"):
+        gr.Markdown("Vanilla vs SwitchSD vs EAGLE3 vs CopySpec on one prompt, with the defaults. The methods run "
+                    "**one at a time** and are replayed on a common clock, each timed by its own steps; each lane "
+                    "shows its speedup over vanilla and whether its text equals vanilla's.")
+        with gr.Row():
+            prompt = gr.Textbox(label="Prompt", lines=3, value=PRESETS["Code rewrite (copy-heavy)"],
+                                elem_id="race-prompt", scale=3)
+            with gr.Column(scale=1):
+                max_new = gr.Slider(1, 512, value=96, step=1, label="Max new tokens")
+                with_vanilla = gr.Checkbox(value=True, label="Show the vanilla lane")
+                run = gr.Button("Race", variant="primary", elem_id="race-run")
+        out = {"status": gr.Markdown(elem_id="race-status"), "lanes": gr.HTML(elem_id="race-lanes")}
+        with gr.Row():
+            out["toks_plot"] = gr.Plot(elem_id="race-plot-toks", show_label=False)
+            out["tok_per_fwd_plot"] = gr.Plot(elem_id="race-plot-tok-per-fwd", show_label=False)
+    run.click(lambda p, n, c, v, dt: (yield from handlers.race(res, p, n, c, v, dtype=dt)),
+              [prompt, max_new, chat, with_vanilla, precision], [out[f] for f in handlers.RaceFrame._fields],
+              concurrency_limit=1, concurrency_id="device", api_name="race")
+
+
+def probe_lab_tab(res: Resources) -> None:
+    with gr.Tab("Probe lab", id="tab-probe"):
+        with gr.Row():
+            with gr.Column(scale=2):
+                probe_a = gr.Dropdown(res.shipped_probes(), label="Probe", value=(res.shipped_probes() or [None])[0],
+                                      allow_custom_value=True, elem_id="probe-a")
+                probe_b = gr.Dropdown([""] + res.shipped_probes(), label="Compare with (optional)", value="",
+                                      allow_custom_value=True, elem_id="probe-b")
+                upload = gr.File(label="…or upload a .safetensors probe", file_types=[".safetensors"],
+                                 elem_id="probe-upload")
+            with gr.Column(scale=3):
+                text = gr.Textbox(label="Text (or a prompt to generate from)", lines=5,
+                                  value=PRESETS["JSON echo (copy-heavy)"], elem_id="lab-text")
+                with gr.Row():
+                    generate = gr.Checkbox(value=True, label="Generate a completion first")
+                    run = gr.Button("Score", variant="primary", elem_id="lab-run")
+        tau = gr.Slider(0.0, 1.0, value=0.5, step=0.01, label="threshold (re-colours instantly)", elem_id="lab-tau")
+        view = gr.HTML(elem_id="lab-view")
+        layers = gr.Plot(elem_id="plot-layers", show_label=False)
+        state = gr.State(None)
+
+    def lab(a, b, up, text_, gen):
+        paths = [up if up else a] + ([b] if b else [])
+        st = res.worker.call(probelab.score_text, res, paths, text_, gen)
+        meta = st["meta"][0]
+        fig = plots.plot_value(plots.layer_plot(meta.get("per_layer", [])))
+        return st, probelab.render(res, st, st["taus"][0]), fig, st["taus"][0]
+
+    run.click(_ui_error(lab), [probe_a, probe_b, upload, text, generate], [state, view, layers, tau],
+              concurrency_limit=1, concurrency_id="device", api_name="probe_lab")
+    tau.release(_ui_error(lambda st, t: probelab.render(res, st, t)), [state, tau], view, queue=False)
+
+
+def inspector_tab(run_state: gr.State, gen_ev) -> None:
+    with gr.Tab("Step inspector", id="tab-inspect"):
+        with gr.Row():
+            with gr.Column(scale=3):
+                step = gr.Slider(0, 200, value=0, step=1, label="step (of the last Generate run)",
+                                 elem_id="inspect-step")
+                view = gr.HTML(elem_id="inspect-view")
+            with gr.Column(scale=2):
+                gr.Markdown(handlers.EXPLANATION)
+    gen_ev.then(lambda st: gr.update(maximum=max(1, len(st["events"]) - 1) if st else 1), run_state, step,
+                queue=False)
+    step.change(lambda st, s: handlers.explain_step(st, s), [run_state, step], view, queue=False)
+
+
 def build_demo(res: Resources) -> gr.Blocks:
     with gr.Blocks(title="SwitchSD Studio") as demo:
-        gr.HTML(f"<style>{CSS}</style>")
-        gr.Markdown("# SwitchSD Studio\nSpeculative decoding that copies from the context only when the model "
-                    "itself intends to copy. Every token is coloured by the path that drafted it.")
-        with gr.Row():
-            model_status = gr.Markdown(res.status(), elem_id="model-status")
-            precision = gr.Radio(["auto", "float32"], value="auto", elem_id="precision",
-                                 label="Precision: auto = the fastest here (bfloat16 on CPUs with native bf16: equal "
-                                       "to vanilla up to near-ties); float32 = token-for-token identical to vanilla")
-        with gr.Tab("Generate", id="tab-generate"):
-            with gr.Row():
-                with gr.Column(scale=3):
-                    preset = gr.Dropdown(list(PRESETS), label="Preset", value=None, elem_id="preset")
-                    prompt = gr.Textbox(label="Prompt", lines=5, elem_id="prompt",
-                                        value=PRESETS["JSON echo (copy-heavy)"])
-                with gr.Column(scale=2):
-                    method = gr.Dropdown(list(METHODS), value=res.default_method(), label="Method", elem_id="method")
-                    with gr.Row():
-                        temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature")
-                        max_new = gr.Slider(1, handlers.MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens")
-                    chat = gr.Checkbox(value=True, label="Chat template")
-                    with gr.Accordion("Gate and drafter knobs", open=False):
-                        with gr.Row():
-                            tau_on = gr.Checkbox(False, label="override the probe's tau")
-                            tau = gr.Slider(0.0, 1.0, value=0.5, step=0.01, label="tau")
-                        with gr.Row():
-                            kappa = gr.Number(GATE.kappa, label="kappa", precision=0, minimum=1, maximum=32)
-                            width = gr.Number(COPY.max_candidates, label="W candidates", precision=0, minimum=1,
-                                              maximum=64)
-                            depth = gr.Number(COPY.max_draft_len, label="D tokens", precision=0, minimum=1, maximum=64)
-                            gamma = gr.Number(0, label="gamma (0: default shape, cost-chosen chain)", precision=0,
-                                              minimum=0, maximum=16)
-                    with gr.Row():
-                        run = gr.Button("Generate", variant="primary", elem_id="run")
-                        stop = gr.Button("Stop", elem_id="stop")
-            status = gr.HTML(elem_id="status")
-            tokens = gr.HTML(elem_id="tokens-view")
-            with gr.Row():
-                p_accept = gr.Plot(elem_id=handlers.PLOT_IDS[0], show_label=False)
-                p_probe = gr.Plot(elem_id=handlers.PLOT_IDS[1], show_label=False)
-            with gr.Row():
-                p_rate = gr.Plot(elem_id=handlers.PLOT_IDS[2], show_label=False)
-                p_toks = gr.Plot(elem_id=handlers.PLOT_IDS[3], show_label=False)
-            live = gr.HTML(elem_id="live-plots")     # hidden: names the streaming run for the page script (app/live.py)
-        run_state = gr.State(None)
-        with gr.Tab("Race", id="tab-race"):
-            gr.Markdown("Vanilla vs SwitchSD vs EAGLE3 vs CopySpec on one prompt, with the defaults. The methods run "
-                        "**one at a time** and are replayed on a common clock, each timed by its own steps; each lane "
-                        "shows its speedup over vanilla and whether its text equals vanilla's.")
-            with gr.Row():
-                race_prompt = gr.Textbox(label="Prompt", lines=3, value=PRESETS["Code rewrite (copy-heavy)"],
-                                         elem_id="race-prompt", scale=3)
-                with gr.Column(scale=1):
-                    race_max = gr.Slider(1, 512, value=96, step=1, label="Max new tokens")
-                    race_vanilla = gr.Checkbox(value=True, label="Show the vanilla lane")
-                    race_run = gr.Button("Race", variant="primary", elem_id="race-run")
-            race_status = gr.Markdown(elem_id="race-status")
-            race_lanes = gr.HTML(elem_id="race-lanes")
-            with gr.Row():
-                race_toks = gr.Plot(elem_id="race-plot-toks", show_label=False)
-                race_tpf = gr.Plot(elem_id="race-plot-tok-per-fwd", show_label=False)
-        with gr.Tab("Probe lab", id="tab-probe"):
-            with gr.Row():
-                with gr.Column(scale=2):
-                    probe_a = gr.Dropdown(res.shipped_probes(), label="Probe", value=(res.shipped_probes() or [None])[0],
-                                          allow_custom_value=True, elem_id="probe-a")
-                    probe_b = gr.Dropdown([""] + res.shipped_probes(), label="Compare with (optional)", value="",
-                                          allow_custom_value=True, elem_id="probe-b")
-                    upload = gr.File(label="…or upload a .safetensors probe", file_types=[".safetensors"],
-                                     elem_id="probe-upload")
-                with gr.Column(scale=3):
-                    lab_text = gr.Textbox(label="Text (or a prompt to generate from)", lines=5,
-                                          value=PRESETS["JSON echo (copy-heavy)"], elem_id="lab-text")
-                    with gr.Row():
-                        lab_gen = gr.Checkbox(value=True, label="Generate a completion first")
-                        lab_run = gr.Button("Score", variant="primary", elem_id="lab-run")
-            lab_tau = gr.Slider(0.0, 1.0, value=0.5, step=0.01, label="threshold (re-colours instantly)",
-                                elem_id="lab-tau")
-            lab_view = gr.HTML(elem_id="lab-view")
-            lab_layers = gr.Plot(elem_id="plot-layers", show_label=False)
-            lab_state = gr.State(None)
-        with gr.Tab("Step inspector", id="tab-inspect"):
-            with gr.Row():
-                with gr.Column(scale=3):
-                    insp_step = gr.Slider(0, 200, value=0, step=1, label="step (of the last Generate run)",
-                                          elem_id="inspect-step")
-                    insp_view = gr.HTML(elem_id="inspect-view")
-                with gr.Column(scale=2):
-                    gr.Markdown(handlers.EXPLANATION)
-
-        # -- wiring ---------------------------------------------------------------------------------------
-        # empty axes from the start (live frames draw over them; Plotly.js is loaded for ?live=plotly)
-        empty = (plots.accept_plot([]), plots.probe_plot([], 0.5), plots.copy_rate_plot([]), plots.toks_plot({}))
-        demo.load(lambda: tuple(map(plots.plot_value, empty)), None, [p_accept, p_probe, p_rate, p_toks], queue=False)
-        preset.change(lambda p: PRESETS.get(p, gr.skip()), preset, prompt, queue=False)
-        def gen(p, m, t, n, c, on, tau_, k, w, d, g, dt, request: gr.Request):
-            yield from handlers.generate(res, p, m, t, n, c, tau_ if on else None, k, w, d, g,
-                                         session=getattr(request, "session_hash", None), dtype=dt)
-
-        def stop_fn(request: gr.Request):       # stops this session's engine at its next step
-            res.worker.cancel(getattr(request, "session_hash", None) or "")
-
-        gen_ev = run.click(gen, [prompt, method, temperature, max_new, chat, tau_on, tau, kappa, width, depth, gamma,
-                                 precision],
-                           [tokens, status, p_accept, p_probe, p_rate, p_toks, run_state, live],
-                           concurrency_limit=1, concurrency_id="device", api_name="generate",
-                           show_progress="hidden")   # our status line says it; Gradio's animated overlay costs CPU
-        gen_ev.then(lambda: res.status(), None, model_status, queue=False)
-        gen_ev.then(lambda st: gr.update(maximum=max(1, len(st["events"]) - 1) if st else 1), run_state, insp_step,
-                    queue=False)
-        stop.click(stop_fn, None, None, queue=False)     # the run ends with a "Stopped" frame (not a Gradio cancel)
-        race_run.click(lambda p, n, c, v, dt: (yield from handlers.race(res, p, n, c, v, dtype=dt)),
-                       [race_prompt, race_max, chat, race_vanilla, precision],
-                       [race_lanes, race_status, race_toks, race_tpf], concurrency_limit=1,
-                       concurrency_id="device", api_name="race")
-
-        def lab(a, b, up, text, gen):
-            paths = [up if up else a] + ([b] if b else [])
-            st = res.worker.call(probelab.score_text, res, paths, text, gen)
-            meta = st["meta"][0]
-            layers = plots.plot_value(plots.layer_plot(meta.get("per_layer", [])))
-            return st, probelab.render(res, st, st["taus"][0]), layers, st["taus"][0]
-
-        lab_run.click(_ui_error(lab), [probe_a, probe_b, upload, lab_text, lab_gen],
-                      [lab_state, lab_view, lab_layers, lab_tau], concurrency_limit=1, concurrency_id="device",
-                      api_name="probe_lab")
-        lab_tau.release(_ui_error(lambda st, t: probelab.render(res, st, t)), [lab_state, lab_tau], lab_view,
-                        queue=False)
-        insp_step.change(lambda st, s: handlers.explain_step(st, s), [run_state, insp_step], insp_view, queue=False)
+        model_status, precision = _header(res)
+        chat, run_state, gen_ev, empty_plots, plot_outputs = generate_tab(res, precision, model_status)
+        race_tab(res, precision, chat)
+        probe_lab_tab(res)
+        inspector_tab(run_state, gen_ev)
+        demo.load(empty_plots, None, plot_outputs, queue=False)
     return demo

@@ -124,10 +124,10 @@ def parse_method(spec: str) -> tuple[str, dict]:
     return base, out
 
 
-def _with_variant(variant: dict, copy: CopyConfig, neural: NeuralConfig, gate: GateConfig):
+def _with_variant(variant: dict, copy_cfg: CopyConfig, neural: NeuralConfig, gate: GateConfig):
     try:
         if "kappa" in variant:
-            copy = replace(copy, kappa=variant["kappa"])
+            copy_cfg = replace(copy_cfg, kappa=variant["kappa"])
             gate = replace(gate, kappa=variant["kappa"])
         if "tau" in variant:
             gate = replace(gate, tau=variant["tau"])
@@ -138,11 +138,11 @@ def _with_variant(variant: dict, copy: CopyConfig, neural: NeuralConfig, gate: G
             neural = replace(neural, shape="tree", tree=TreeConfig(top_k=k, depth=d, total_tokens=n))
     except ValueError as e:
         raise SetupError(str(e)) from None
-    return copy, neural, gate
+    return copy_cfg, neural, gate
 
 
 def build_engine(method: str, lm: LoadedModel, drafters: Drafters | None = None,
-                 engine: EngineConfig = EngineConfig(), copy: CopyConfig = CopyConfig(),
+                 engine: EngineConfig = EngineConfig(), copy_cfg: CopyConfig = CopyConfig(),
                  neural: NeuralConfig = NeuralConfig(), gate: GateConfig = GateConfig(),
                  cost: VerifyCost | str | None = "auto", fallback: str = "eagle3", bandit_c: float = 1.0,
                  seed: int = 0) -> Engine:
@@ -150,7 +150,7 @@ def build_engine(method: str, lm: LoadedModel, drafters: Drafters | None = None,
     None: no padding, and the cost gate assumes verification is free, as on a large GPU).
     `fallback`: the neural drafter copyspec falls back to when it is at hand."""
     name, variant = parse_method(method)
-    copy, neural, gate = _with_variant(variant, copy, neural, gate)
+    copy_cfg, neural, gate = _with_variant(variant, copy_cfg, neural, gate)
     if name.endswith("-paper"):
         gate = replace(gate, mode="paper")
     drafters = drafters or Drafters(lm)
@@ -162,7 +162,7 @@ def build_engine(method: str, lm: LoadedModel, drafters: Drafters | None = None,
         cost = device_cost(lm, forward=engine.forward)
     cost_gate = uses_cost_gate(name, neural, gate)
     if cost_gate and name in NEEDS_PROBE:
-        copy = replace(copy, kappa=gate.kappa)
+        copy_cfg = replace(copy_cfg, kappa=gate.kappa)
     kind = {"switchsd": "eagle3", "switchsd-paper": "eagle3", "switchsd-sps": "sps",
             "switchsd-sps-paper": "sps"}.get(name, name if name in NEURAL_METHODS else fallback)
     drafter = probe = tau = None
@@ -172,7 +172,7 @@ def build_engine(method: str, lm: LoadedModel, drafters: Drafters | None = None,
         probe = drafters.probe
         tau = gate.tau if gate.tau is not None else probe.tau
     try:
-        policy = build_policy(name, lm.eos_ids(), copy, drafter, tau, bandit_c, neural_cfg=neural, gate=gate,
+        policy = build_policy(name, lm.eos_ids(), copy_cfg, drafter, tau, bandit_c, neural_cfg=neural, gate=gate,
                               cost=cost)
     except ValueError as e:
         raise SetupError(str(e)) from None

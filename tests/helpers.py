@@ -89,7 +89,7 @@ def make_engine(model, method: str, max_new_tokens: int = 40, budget: int = 32, 
                 sampling: SamplingConfig = SamplingConfig(), copy: CopyConfig = CopyConfig(), **kw) -> Engine:
     cfg = EngineConfig(max_new_tokens=max_new_tokens, budget=budget, sampling=sampling,
                        stop_at_eos=kw.pop("stop_at_eos", True))
-    return Engine(model, build_policy(method, eos_ids=eos, copy=copy), cfg, eos_ids=eos, **kw)
+    return Engine(model, build_policy(method, eos_ids=eos, copy_cfg=copy), cfg, eos_ids=eos, **kw)
 
 
 def run_method(model, method: str, prompt: Sequence[int], **kw):

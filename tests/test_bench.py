@@ -79,4 +79,4 @@ def test_method_variants_parse():
 def test_tau_variant_is_refused_where_no_probe_reads_it():
     from switchsd.cli.common import build_engine
     with pytest.raises(SystemExit, match="only applies to switchsd"):
-        build_engine("copyspec@chain1+t0.3", lm=None, cfg=None, copy=None)
+        build_engine("copyspec@chain1+t0.3", lm=None, cfg=None, copy_cfg=None)

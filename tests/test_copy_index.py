@@ -82,7 +82,8 @@ def copy_drafter(kappa=2, W=10, D=20, tokens=None):
 
 def test_copy_drafter_satisfies_protocol():
     for d in (copy_drafter(), PLDDrafter(), CopySpecDrafter()):
-        assert isinstance(d, Drafter) and d.path == "copy"
+        assert d.path == "copy" and isinstance(d.name, str)
+        assert all(callable(getattr(d, m)) for m in Drafter.__annotations__.keys() - {"name", "path"} | {"reset", "extend", "propose"})
     assert not Draft([]) and not Draft([[], []]) and Draft([[], [1]])
 
 
@@ -281,7 +282,7 @@ def test_copyspec_no_trigger_on_suffix_only():
 @given(tokens=st.lists(st.integers(0, 2), min_size=1, max_size=30), max_len=st.integers(1, 12),
        chunks=st.lists(st.integers(1, 5), min_size=1, max_size=4))
 def test_copyspec_equals_brute_force(tokens, max_len, chunks):
-    d = fed(CopySpecDrafter(gamma=3, num_tokens=10), tokens, chunks)
+    d = fed(CopySpecDrafter(ngram=3, num_tokens=10), tokens, chunks)
     L, want = len(tokens), []
     for s in range(L - 3):
         if L >= 3 and tokens[s:s + 3] == tokens[L - 3:]:

@@ -212,7 +212,7 @@ def test_captured_hidden_is_last_committed_position(tiny_model, kappa):
     branching tries, so the row is often not the last row of the forward."""
     sites = ((0, "attn"), (1, "mlp"))
     prompt = looping_prompt(tiny_model, 3)
-    eng = Engine(tiny_model, build_policy("copy", copy=CopyConfig(kappa=kappa)),
+    eng = Engine(tiny_model, build_policy("copy", copy_cfg=CopyConfig(kappa=kappa)),
                  EngineConfig(max_new_tokens=30, capture=sites), eos_ids=[EOS])
     try:
         gen = eng.run(prompt)

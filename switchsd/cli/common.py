@@ -157,13 +157,12 @@ def parse_method(spec: str) -> tuple[str, dict]:
         raise fail(str(e)) from None
 
 
-def build_engine(method: str, lm: LoadedModel, cfg: EngineConfig, copy: CopyConfig,
+def build_engine(method: str, lm: LoadedModel, cfg: EngineConfig, copy_cfg: CopyConfig,
                  neural: Neural | None = None, seed: int = 0) -> Engine:
     """factory.build_engine with the CLI's flags; setup errors exit with one line."""
-    parse_method(method)
     n_cfg, g_cfg = neural.configs() if neural is not None else (_N, _G)
     try:
-        return _build_engine(method, lm, neural.drafters if neural is not None else Drafters(lm), cfg, copy,
+        return _build_engine(method, lm, neural.drafters if neural is not None else Drafters(lm), cfg, copy_cfg,
                              n_cfg, g_cfg, fallback=getattr(neural.args, "neural", "eagle3") if neural else "eagle3",
                              bandit_c=getattr(neural.args, "bandit_c", 1.0) if neural else 1.0, seed=seed)
     except SetupError as e:

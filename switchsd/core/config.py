@@ -39,6 +39,23 @@ class CopyConfig:
 
 
 @dataclass(frozen=True)
+class LookupConfig:
+    """The other copy drafters. Prompt lookup (method `pld`, and the cost gate's lookup option): the continuation
+    (<= `pld_tokens`) of the last 1..`pld_max_ngram` tokens' earlier occurrence, as transformers'
+    `prompt_lookup_num_tokens=10` does. CopySpec: the `copyspec_ngram`-gram's earliest occurrence, then
+    `copyspec_tokens` tokens (its Spec-Bench settings)."""
+    pld_max_ngram: int = 2
+    pld_tokens: int = 10
+    copyspec_ngram: int = 3
+    copyspec_tokens: int = 10
+
+    def __post_init__(self):
+        for k in ("pld_max_ngram", "pld_tokens", "copyspec_ngram", "copyspec_tokens"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """`budget`: most tokens verified in one target forward, the pending token included (>= 1).
     `capture`: hidden-state sites (layer, "attn" | "mlp") to record from every verify forward.

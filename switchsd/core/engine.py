@@ -30,7 +30,8 @@ from .tree import TokenTree, build_tree, tree_mask, tree_positions
 from .verify import accept_greedy, accept_sampling, target_probs
 
 
-class Probe(Protocol):
+class ProbeScorer(Protocol):
+    """What the engine needs of a copy-intent probe (switchsd.core.probe.Probe): its site and a score."""
     site: tuple[int, str]
 
     def score(self, hidden: torch.Tensor) -> float: ...
@@ -46,7 +47,7 @@ class Generation:
 
 class Engine:
     def __init__(self, model, policy: Policy, cfg: EngineConfig, eos_ids: Sequence[int] = (),
-                 max_length: int | None = None, probe: Probe | None = None, cost: VerifyCost | None = None):
+                 max_length: int | None = None, probe: ProbeScorer | None = None, cost: VerifyCost | None = None):
         """`cost`: the device's verification cost curve; verify forwards are padded to its cheapest size."""
         self.model, self.policy, self.cfg, self.probe, self.cost = model, policy, cfg, probe, cost
         self.eos = set(int(e) for e in eos_ids) if cfg.stop_at_eos else set()

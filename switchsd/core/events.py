@@ -64,7 +64,6 @@ def summarize(events: Iterable[StepEvent], wall_s: float | None = None) -> dict:
     return {
         "new_tokens": n_tokens,
         "steps": steps,
-        "target_forwards": steps,
         "tok_per_fwd": n_tokens / steps if steps else 0.0,
         "wall_s": wall_s,
         "tok_s": n_tokens / wall_s if wall_s > 0 else 0.0,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .config import CopyConfig, GateConfig, NeuralConfig
+from .config import CopyConfig, GateConfig, LookupConfig, NeuralConfig
 from .costs import VerifyCost
 from ..drafters.base import Drafter
 from ..drafters.copy import CopyDrafter, CopySpecDrafter, PLDDrafter
@@ -25,10 +25,10 @@ def uses_cost_gate(method: str, neural: NeuralConfig, gate: GateConfig) -> bool:
     return method in NEURAL_METHODS and neural.shape == "auto"
 
 
-def build_policy(method: str, eos_ids: Sequence[int] = (), copy: CopyConfig = CopyConfig(),
+def build_policy(method: str, eos_ids: Sequence[int] = (), copy_cfg: CopyConfig = CopyConfig(),
                  neural: Drafter | None = None, tau: float | None = None, bandit_c: float = 1.0,
                  *, neural_cfg: NeuralConfig | None = None, gate: GateConfig = GateConfig(),
-                 cost: VerifyCost | None = None) -> Policy:
+                 cost: VerifyCost | None = None, lookup: LookupConfig = LookupConfig()) -> Policy:
     """`neural`: the neural drafter (EAGLE3 head or SPS draft model) for methods that use one.
     copyspec falls back to it when its 3-gram does not match (plain steps when it is None).
     `tau`: the probe threshold of the SwitchSD gate (the engine scores the probe); `gate.mode` picks the cost
@@ -37,23 +37,24 @@ def build_policy(method: str, eos_ids: Sequence[int] = (), copy: CopyConfig = Co
     if method == "vanilla":
         return Fixed([])
     if method == "copy":
-        return Fixed([CopyDrafter(copy)])
+        return Fixed([CopyDrafter(copy_cfg)])
     if method == "pld":
-        return Fixed([PLDDrafter(max_ngram=2, num_tokens=10, eos_ids=eos_ids)])
+        return Fixed([PLDDrafter(lookup.pld_max_ngram, lookup.pld_tokens, eos_ids)])
     if method == "copyspec":
-        return Fixed([CopySpecDrafter(gamma=3, num_tokens=10)] + ([neural] if neural is not None else []))
+        return Fixed([CopySpecDrafter(lookup.copyspec_ngram, lookup.copyspec_tokens)] +
+                     ([neural] if neural is not None else []))
     if method in NEEDS_PROBE:
         if tau is None:
             raise ValueError(f"method {method!r} needs a copy-intent probe (--probe FILE)")
         if method.endswith("-paper") or gate.mode == "paper":
-            return SwitchSD(CopyDrafter(copy), neural, tau)
-        lookup = PLDDrafter(max_ngram=2, num_tokens=10, eos_ids=eos_ids, candidates=gate.lookup_candidates) \
+            return SwitchSD(CopyDrafter(copy_cfg), neural, tau)
+        pld = PLDDrafter(lookup.pld_max_ngram, lookup.pld_tokens, eos_ids, candidates=gate.lookup_candidates) \
             if gate.lookup else None
-        return CostAware(CopyDrafter(copy), neural, tau, cost, gate.explore, lookup=lookup)
+        return CostAware(CopyDrafter(copy_cfg), neural, tau, cost, gate.explore, lookup=pld)
     if method == "banditspec":
         if neural is None:
             raise ValueError("method 'banditspec' needs a neural drafter (--eagle HEAD)")
-        return BanditSpec(CopyDrafter(copy), neural, c=bandit_c)
+        return BanditSpec(CopyDrafter(copy_cfg), neural, c=bandit_c)
     if method in NEURAL_METHODS:
         if neural is None:
             raise ValueError(f"method {method!r} needs a neural drafter "

@@ -50,9 +50,9 @@ class SwitchSD:
     """The paper's dual gate (eq. 4): copy iff probe(h) >= tau AND the kappa-gram ending at the current token
     occurred earlier; otherwise the neural drafter. If the copy draft comes back empty the neural drafter runs."""
 
-    def __init__(self, copy, neural=None, tau: float = 0.5):
-        self.copy, self.neural, self.tau = copy, neural, float(tau)
-        self.drafters = [copy] + ([neural] if neural is not None else [])
+    def __init__(self, copier, neural=None, tau: float = 0.5):
+        self.copy, self.neural, self.tau = copier, neural, float(tau)
+        self.drafters = [copier] + ([neural] if neural is not None else [])
 
     def gate(self, score: float | None, match: bool) -> bool:
         return score is not None and score >= self.tau and match
@@ -74,9 +74,9 @@ class BanditSpec:
     Score = mean + c * sqrt(2 ln t / n). The reward goes to the path that actually ran (a copy arm whose
     draft is empty falls back to the neural drafter)."""
 
-    def __init__(self, copy, neural, c: float = 1.0, warmup: int = 1):
-        self.copy, self.neural, self.c, self.warmup = copy, neural, c, warmup
-        self.drafters = [copy, neural]
+    def __init__(self, copier, neural, c: float = 1.0, warmup: int = 1):
+        self.copy, self.neural, self.c, self.warmup = copier, neural, c, warmup
+        self.drafters = [copier, neural]
         self.arms = {"copy": [0, 0.0], "neural": [0, 0.0]}     # plays, summed raw reward
         self.r_max = 1e-9
 
@@ -122,12 +122,12 @@ class CostAware:
     kappa-gram).
     Lossless: it only chooses drafts."""
 
-    def __init__(self, copy, neural, tau: float | None, cost: VerifyCost, explore: float = 0.01,
+    def __init__(self, copier, neural, tau: float | None, cost: VerifyCost, explore: float = 0.01,
                  buckets: int = 4, lookup=None):
-        self.copy, self.neural, self.lookup = copy, neural, lookup if copy is not None else None
+        self.copy, self.neural, self.lookup = copier, neural, lookup if copier is not None else None
         self.cost, self.explore = cost, float(explore)
         self.tau = None if tau is None else float(tau)
-        self.drafters = [d for d in (copy, neural, self.lookup) if d is not None]
+        self.drafters = [d for d in (copier, neural, self.lookup) if d is not None]
         lo = self.tau if self.tau is not None else 0.0
         self.edges = [lo + (1 - lo) * i / buckets for i in range(1, buckets)]
         self.copy_acc = [Survival(prior=0.7, weight=2.0) for _ in range(buckets)]

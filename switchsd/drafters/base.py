@@ -7,7 +7,7 @@ indices stay current and neural drafters can catch up lazily.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, Sequence
 
 import torch
 
@@ -48,7 +48,6 @@ def merge_drafts(drafts: Sequence[Draft]) -> tuple[Draft, list[int]]:
     return Draft(cands, q=qs if any_q else None, match=match), owner
 
 
-@runtime_checkable
 class Drafter(Protocol):
     name: str   # "copy", "pld", "copyspec", "eagle3", ...
     path: str   # "copy" | "neural": the path label used in events and stats

@@ -4,7 +4,7 @@
   D tokens from its earlier occurrences, most recent first. Verified together as a trie.
 - PLDDrafter (prompt lookup decoding, transformers' semantics): n-gram sizes max..1, earliest occurrence
   with a non-empty continuation, `num_tokens` tokens, one chain, cut before EOS.
-- CopySpecDrafter (CopySpec): the gamma-gram's earliest occurrence, copy `num_tokens` tokens.
+- CopySpecDrafter (CopySpec): the `ngram`-gram's earliest occurrence, copy `num_tokens` tokens.
 """
 from __future__ import annotations
 
@@ -134,9 +134,9 @@ class CopySpecDrafter:
     name = "copyspec"
     path = "copy"
 
-    def __init__(self, gamma: int = 3, num_tokens: int = 10):
-        self.gamma, self.num_tokens = gamma, num_tokens
-        self.index = NGramIndex(gamma)
+    def __init__(self, ngram: int = 3, num_tokens: int = 10):
+        self.ngram, self.num_tokens = ngram, num_tokens
+        self.index = NGramIndex(ngram)
 
     def reset(self, tokens: Sequence[int]) -> None:
         self.index.reset(tokens)
@@ -145,7 +145,7 @@ class CopySpecDrafter:
         self.index.extend(tokens)
 
     def propose(self, req: DraftRequest) -> Draft:
-        tokens, g = req.tokens, self.gamma
+        tokens, g = req.tokens, self.ngram
         L = len(tokens)
         occ = self.index.occurrences(tokens[L - g:]) if L >= g else []
         if not occ or occ[0] + g >= L:  # no earlier occurrence: the first one is the suffix itself

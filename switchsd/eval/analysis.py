@@ -69,7 +69,7 @@ def regime(args) -> None:
     lm = load(args)
     budget, _ = resolve_budget(args, lm)
     cfg = engine_config(args, budget)
-    copy = copy_config(args)
+    copy_cfg = copy_config(args)
     neural = Neural(args, lm)
     prompts = load_prompts(args.dataset, args.data_file, args.limit)
     chat = bool(getattr(lm.tokenizer, "chat_template", None))
@@ -77,9 +77,9 @@ def regime(args) -> None:
     from tqdm import tqdm
     for p in tqdm(prompts, desc="regime separation", unit="prompt"):
         ids = lm.encode(p["prompt"], chat=chat)
-        ref = ids + build_engine("vanilla", lm, cfg, copy).run(ids).token_ids
-        eng = build_engine("switchsd", lm, cfg, copy, neural)
-        shadow = Shadow(eng.policy, ref, budget, copy.max_draft_len)
+        ref = ids + build_engine("vanilla", lm, cfg, copy_cfg).run(ids).token_ids
+        eng = build_engine("switchsd", lm, cfg, copy_cfg, neural)
+        shadow = Shadow(eng.policy, ref, budget, copy_cfg.max_draft_len)
         eng.policy = shadow
         out = eng.run(ids).token_ids
         assert ids + out == ref, "switchsd must equal vanilla at T=0"
@@ -105,10 +105,10 @@ def regime(args) -> None:
     fig = make_subplots(rows=1, cols=2, subplot_titles=("probe active (copy would run)", "probe inactive"))
     for col, group in ((1, active), (2, inactive)):
         fig.add_trace(go.Histogram(x=[r["copy"] for r in group], name="copy draft", marker_color="#e8590c",
-                                   opacity=0.7, xbins=dict(start=-0.5, end=copy.max_draft_len + 0.5, size=1),
+                                   opacity=0.7, xbins=dict(start=-0.5, end=copy_cfg.max_draft_len + 0.5, size=1),
                                    histnorm="probability", showlegend=col == 1), 1, col)
         fig.add_trace(go.Histogram(x=[r["neural"] or 0 for r in group], name="neural draft", marker_color="#2f9e44",
-                                   opacity=0.6, xbins=dict(start=-0.5, end=copy.max_draft_len + 0.5, size=1),
+                                   opacity=0.6, xbins=dict(start=-0.5, end=copy_cfg.max_draft_len + 0.5, size=1),
                                    histnorm="probability", showlegend=col == 1), 1, col)
     fig.update_layout(barmode="overlay", title="Regime separation: accepted tokens if each path ran")
     fig.update_xaxes(title_text="accepted draft tokens")

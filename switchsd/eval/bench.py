@@ -143,7 +143,7 @@ def main(argv=None) -> None:
     lm = load(args)
     budget, source = resolve_budget(args, lm)
     cfg = engine_config(args, budget)
-    copy = copy_config(args)
+    copy_cfg = copy_config(args)
     chat = not args.no_chat and bool(getattr(lm.tokenizer, "chat_template", None))
     encoded = [(p["id"], lm.encode(p["prompt"], chat=chat)) for p in prompts]
     too_long = [pid for pid, ids in encoded if len(ids) + 1 >= lm.max_length]
@@ -155,7 +155,7 @@ def main(argv=None) -> None:
     def make(m: str, cfg):
         if m in PEERS:
             return HFPeer(m, lm.model, cfg, eos, neural.drafters.draft_model if m == "hf-assisted" else None)
-        return build_engine(m, lm, cfg, copy, neural)
+        return build_engine(m, lm, cfg, copy_cfg, neural)
 
     engines = {m: make(m, cfg) for m in methods if m != "oracle"}
     oracle = lambda ref: Engine(lm.model, Fixed([OracleDrafter(ref)]), cfg, eos, lm.max_length)
@@ -174,7 +174,7 @@ def main(argv=None) -> None:
     # Checkpoint: one JSON line per finished prompt, so a long run resumes where it stopped.
     n_cfg, g_cfg = neural.configs()
     key = {"dataset": args.dataset, "methods": methods, "prompts": [pid for pid, _ in encoded], "model": lm.name,
-           "chat": chat, "dtype": str(lm.dtype), "budget": budget, "engine": asdict(cfg), "copy": asdict(copy),
+           "chat": chat, "dtype": str(lm.dtype), "budget": budget, "engine": asdict(cfg), "copy": asdict(copy_cfg),
            "neural": asdict(n_cfg), "gate": asdict(g_cfg), "eagle": args.eagle, "probe": args.probe,
            "draft": args.draft}
     done = _resume(out / "partial.jsonl", key, args.fresh)
@@ -208,7 +208,7 @@ def main(argv=None) -> None:
     mismatches = _mismatches(args, lm, dict(encoded), records, vanilla_ids)
     meta = {"dataset": args.dataset, "n_prompts": len(encoded), "methods": methods, "model": lm.name,
             "device": str(lm.device), "dtype": str(lm.dtype), "chat": chat, "budget": budget,
-            "budget_source": source, "engine": asdict(cfg), "copy": asdict(copy),
+            "budget_source": source, "engine": asdict(cfg), "copy": asdict(copy_cfg),
             "torch": torch.__version__, "platform": platform.platform(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": "python -m switchsd.bench " + " ".join(argv if argv is not None else sys.argv[1:])}

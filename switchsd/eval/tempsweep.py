@@ -69,10 +69,10 @@ def draws(lm, method: str, ids: list[int], args, budget: int, T: float, n: int, 
           bar=None) -> list[tuple]:
     """n continuations of `args.dist_tokens` tokens at temperature T, seeds 0..n-1 (target and drafter)."""
     a = argparse.Namespace(**{**vars(args), "temperature": T, "max_new_tokens": args.dist_tokens})
-    cfg, copy = engine_config(a, budget), copy_config(a)
+    cfg, copy_cfg = engine_config(a, budget), copy_config(a)
     out = []
     for s in range(n):
-        eng = build_engine(method, lm, cfg, copy, neural, seed=s)     # the drafter's own generator: seed s + 1
+        eng = build_engine(method, lm, cfg, copy_cfg, neural, seed=s)     # the drafter's own generator: seed s + 1
         out.append(tuple(eng.run(ids, torch.Generator().manual_seed(s)).token_ids))
         if bar is not None:
             bar.update()

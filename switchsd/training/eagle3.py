@@ -150,7 +150,8 @@ def load_ckpt(work: Path, head: Eagle3Head, opt: torch.optim.Optimizer) -> dict 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default=None, help="target model (default: offline SmolLM2-135M-Instruct)")
+    ap.add_argument("--model", "--target", dest="model", default=None,
+                    help="target model (default: offline SmolLM2-135M-Instruct); --target is the old name")
     ap.add_argument("--work", default="runs/eagle3", help="cache folder for data and checkpoints")
     ap.add_argument("--out", default="assets/eagle3-smollm2-135m")
     ap.add_argument("--prompts", type=int, default=2000, help="prompts the target answers (0: only reuse the "
@@ -179,7 +180,7 @@ def main(argv=None) -> None:
                     "is kept), e.g. to continue training the shipped head on new data")
     args = ap.parse_args(argv)
     work = Path(args.work)
-    lm = load_model(args.target, dtype=args.gen_dtype if args.stage in ("all", "data") else "float32")
+    lm = load_model(args.model, dtype=args.gen_dtype if args.stage in ("all", "data") else "float32")
     lm.tokenizer.padding_side = "left"
     tc = lm.model.config
     layers = default_aux_layers(tc.num_hidden_layers)
@@ -188,7 +189,7 @@ def main(argv=None) -> None:
             build(lm, build_prompts(args.prompts, args.seed, args.prompt_set), work / "data", layers,
                   args.max_new_tokens, args.gen_batch)
         if lm.dtype != torch.float32:
-            lm = load_model(args.target, dtype="float32")
+            lm = load_model(args.model, dtype="float32")
         for i, path in enumerate(args.extra):
             from_completions(lm, Path(path), work / f"extra_{i}", layers)
         if args.stage == "data":

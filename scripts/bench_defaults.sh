@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The speed issue's tables: every method with the DEFAULTS a user gets (dtype auto, cost gate, EAGLE-3 shape
+# The default-settings tables: every method with the DEFAULTS a user gets (dtype auto, cost gate, EAGLE-3 shape
 # auto, this device's calibrated curve) beside transformers' own generate (hf) and prompt lookup (hf-pld), the
 # paper's fixed gate (switchsd-paper) and the oracle; one bench run per dataset, resumable.
-#   scripts/bench_issue14.sh              # defaults (bfloat16 on CPUs with native bf16)
-#   DTYPE=float32 scripts/bench_issue14.sh   # the float32 runs (identical to vanilla on every prompt)
+#   scripts/bench_defaults.sh              # defaults (bfloat16 on CPUs with native bf16)
+#   DTYPE=float32 scripts/bench_defaults.sh   # the float32 runs (identical to vanilla on every prompt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 DTYPE=${DTYPE:-auto}
-OUT=${OUT:-runs/issue14-$DTYPE}
+OUT=${OUT:-runs/defaults-$DTYPE}
 METHODS=${METHODS:-hf,hf-pld,vanilla,pld,copyspec,eagle3,switchsd,switchsd-paper,oracle}
 # MT-Bench writing+roleplay only has the "never slower" bar (switchsd, eagle3 >= 0.97x vanilla): fewer rows
 MT_METHODS=${MT_METHODS:-hf-pld,vanilla,pld,eagle3,switchsd,switchsd-paper}

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The SwitchSD issue's analyses on CPU (after scripts/bench_issue5.sh, which also writes the tax table).
-#   scripts/analyses_issue5.sh temperature   Table 4 + the T > 0 distribution check, bfloat16 like the benches
-#   scripts/analyses_issue5.sh regime        Fig. 3 in float32, where SwitchSD must equal vanilla exactly (asserted
+# The paper's analyses on CPU (after scripts/bench_paper_tables.sh, which also writes the tax table).
+#   scripts/paper_analyses.sh temperature   Table 4 + the T > 0 distribution check, bfloat16 like the benches
+#   scripts/paper_analyses.sh regime        Fig. 3 in float32, where SwitchSD must equal vanilla exactly (asserted
 #                                            per prompt): the paper's gate (kappa 5, the probe's tau) and the
 #                                            benches' gate (kappa 2, tau 0.3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-OUT=${OUT:-runs/issue5}
+OUT=${OUT:-runs/paper}
 case "${1:-all}" in
   temperature|all)
     $PY -m switchsd.analysis temperature --dataset mtbench --limit 4 --max-new-tokens 96 --dtype bfloat16 \
