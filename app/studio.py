@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import gradio as gr
 
-from switchsd.core.config import CopyConfig, GateConfig
+from switchsd.core.config import CopyConfig, GateConfig, SamplingConfig
 from switchsd.core.methods import METHODS
 
 from . import handlers, plots, probelab
 from .render import CSS
 from .resources import Resources, UserError
 
-COPY, GATE = CopyConfig(), GateConfig()     # the knobs start at the library defaults
+COPY, GATE, SAMPLING = CopyConfig(), GateConfig(), SamplingConfig()     # the knobs start at the library defaults
 
 PRESETS = {
     "JSON echo (copy-heavy)": 'Repeat this JSON exactly, then stop: {"name": "Alice", "age": 30, "city": "Paris", '
@@ -69,7 +69,7 @@ def generate_tab(res: Resources, precision: gr.Radio, model_status: gr.Markdown)
             with gr.Column(scale=2):
                 method = gr.Dropdown(list(METHODS), value=res.default_method(), label="Method", elem_id="method")
                 with gr.Row():
-                    temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature")
+                    temperature = gr.Slider(0.0, 1.5, value=SAMPLING.temperature, step=0.05, label="Temperature")
                     max_new = gr.Slider(1, handlers.MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens")
                 chat = gr.Checkbox(value=True, label="Chat template")
                 with gr.Accordion("Gate and drafter knobs", open=False):

@@ -144,7 +144,7 @@ def _with_variant(variant: dict, copy_cfg: CopyConfig, neural: NeuralConfig, gat
 def build_engine(method: str, lm: LoadedModel, drafters: Drafters | None = None,
                  engine: EngineConfig = EngineConfig(), copy_cfg: CopyConfig = CopyConfig(),
                  neural: NeuralConfig = NeuralConfig(), gate: GateConfig = GateConfig(),
-                 cost: VerifyCost | str | None = "auto", fallback: str = "eagle3", bandit_c: float = 1.0,
+                 cost: VerifyCost | str | None = "auto", fallback: str = "eagle3",
                  seed: int = 0) -> Engine:
     """`cost`: the device's verification cost curve ("auto": the calibrated one, measured now if missing;
     None: no padding, and the cost gate assumes verification is free, as on a large GPU).
@@ -172,7 +172,7 @@ def build_engine(method: str, lm: LoadedModel, drafters: Drafters | None = None,
         probe = drafters.probe
         tau = gate.tau if gate.tau is not None else probe.tau
     try:
-        policy = build_policy(name, lm.eos_ids(), copy_cfg, drafter, tau, bandit_c, neural_cfg=neural, gate=gate,
+        policy = build_policy(name, lm.eos_ids(), copy_cfg, drafter, tau, neural_cfg=neural, gate=gate,
                               cost=cost)
     except ValueError as e:
         raise SetupError(str(e)) from None

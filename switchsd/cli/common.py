@@ -11,7 +11,8 @@ import sys
 import torch
 
 from ..target.calibrate import DEFAULT_RATIO, load_budget
-from ..core.config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, SamplingConfig, TreeConfig
+from ..core.config import (GATE_MODES, NEURAL_SHAPES, CopyConfig, EngineConfig, GateConfig, NeuralConfig,
+                           SamplingConfig, TreeConfig)
 from ..core.engine import Engine
 from ..factory import Drafters, SetupError
 from ..factory import build_engine as _build_engine
@@ -20,7 +21,7 @@ from ..core.methods import NEURAL_METHODS
 from ..target.models import LoadedModel, ModelLoadError, load_model
 from ..target.forward import FORWARDS
 
-_C, _N, _T, _G, _E = CopyConfig(), NeuralConfig(), TreeConfig(), GateConfig(), EngineConfig()
+_C, _N, _T, _G, _E, _S = CopyConfig(), NeuralConfig(), TreeConfig(), GateConfig(), EngineConfig(), SamplingConfig()
 LOSSLESS_NOTE = ("note: {dtype} — every method verifies against the target as computed in {dtype}; where two "
                  "tokens are nearly tied, a k-row verify forward and vanilla's one-row forward can round them "
                  "differently, so texts may part from vanilla's at such a near-tie. --dtype float32 gives "
@@ -42,9 +43,9 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
 
 def add_decode_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=_E.max_new_tokens)
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--top-k", type=int, default=0)
-    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--temperature", type=float, default=_S.temperature, help="0: greedy")
+    ap.add_argument("--top-k", type=int, default=_S.top_k, help="0: off")
+    ap.add_argument("--top-p", type=float, default=_S.top_p, help="1.0: off")
     ap.add_argument("--budget", default="auto",
                     help="most tokens verified per target forward; 'auto' = from the calibrated cost curve")
     ap.add_argument("--budget-ratio", type=float, default=DEFAULT_RATIO,
@@ -64,11 +65,11 @@ def add_neural_args(ap: argparse.ArgumentParser) -> None:
                     help="the neural drafter copyspec falls back to")
     ap.add_argument("--probe", default="auto", help="copy-intent probe (.safetensors); 'auto': the shipped one")
     ap.add_argument("--tau", type=float, default=_G.tau, help="probe threshold (default: the probe's own)")
-    ap.add_argument("--gate", default=_G.mode, choices=("cost", "paper"),
+    ap.add_argument("--gate", default=_G.mode, choices=GATE_MODES,
                     help="SwitchSD gate: cost (default: copy / neural shape / plain step by expected tokens per "
                          "second on this device) or paper (the fixed dual gate, eq. 4; = method switchsd-paper)")
-    ap.add_argument("--bandit-c", type=float, default=1.0, help="BanditSpec UCB exploration constant")
-    ap.add_argument("--shape", default=_N.shape, choices=("auto", "chain", "tree"),
+    ap.add_argument("--bandit-c", type=float, default=_G.bandit_c, help="BanditSpec UCB exploration constant")
+    ap.add_argument("--shape", default=_N.shape, choices=NEURAL_SHAPES,
                     help="neural drafting shape: auto (cost-chosen chain length, EAGLE's tree under fixed "
                          "policies), chain (--gamma tokens), tree (--tree-*)")
     ap.add_argument("--chain", action="store_true", help="same as --shape chain")
@@ -98,7 +99,7 @@ class Neural:
                               getattr(a, "tree_tokens", _T.total_tokens))
             return (NeuralConfig(shape=shape, gamma=getattr(a, "gamma", _N.gamma), tree=tree),
                     GateConfig(mode=getattr(a, "gate", _G.mode), tau=getattr(a, "tau", None),
-                               kappa=getattr(a, "kappa", None) or _G.kappa))
+                               kappa=getattr(a, "kappa", None) or _G.kappa, bandit_c=getattr(a, "bandit_c", _G.bandit_c)))
         except ValueError as e:
             raise fail(str(e)) from None
 
@@ -164,7 +165,7 @@ def build_engine(method: str, lm: LoadedModel, cfg: EngineConfig, copy_cfg: Copy
     try:
         return _build_engine(method, lm, neural.drafters if neural is not None else Drafters(lm), cfg, copy_cfg,
                              n_cfg, g_cfg, fallback=getattr(neural.args, "neural", "eagle3") if neural else "eagle3",
-                             bandit_c=getattr(neural.args, "bandit_c", 1.0) if neural else 1.0, seed=seed)
+                             seed=seed)
     except SetupError as e:
         raise fail(str(e)) from None
 

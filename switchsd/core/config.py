@@ -135,6 +135,7 @@ class GateConfig:
     kappa: int = 3
     lookup: bool = True
     lookup_candidates: int = 3
+    bandit_c: float = 1.0      # BanditSpec's UCB exploration constant (method banditspec)
 
     def __post_init__(self):
         if self.mode not in GATE_MODES:
@@ -147,3 +148,5 @@ class GateConfig:
             raise ValueError(f"kappa must be >= 1, got {self.kappa}")
         if self.lookup_candidates < 1:
             raise ValueError(f"lookup_candidates must be >= 1, got {self.lookup_candidates}")
+        if not (self.bandit_c > 0 and self.bandit_c < float("inf")):
+            raise ValueError(f"bandit_c must be a positive number, got {self.bandit_c}")

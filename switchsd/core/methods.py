@@ -26,7 +26,7 @@ def uses_cost_gate(method: str, neural: NeuralConfig, gate: GateConfig) -> bool:
 
 
 def build_policy(method: str, eos_ids: Sequence[int] = (), copy_cfg: CopyConfig = CopyConfig(),
-                 neural: Drafter | None = None, tau: float | None = None, bandit_c: float = 1.0,
+                 neural: Drafter | None = None, tau: float | None = None,
                  *, neural_cfg: NeuralConfig | None = None, gate: GateConfig = GateConfig(),
                  cost: VerifyCost | None = None, lookup: LookupConfig = LookupConfig()) -> Policy:
     """`neural`: the neural drafter (EAGLE3 head or SPS draft model) for methods that use one.
@@ -54,7 +54,7 @@ def build_policy(method: str, eos_ids: Sequence[int] = (), copy_cfg: CopyConfig 
     if method == "banditspec":
         if neural is None:
             raise ValueError("method 'banditspec' needs a neural drafter (--eagle HEAD)")
-        return BanditSpec(CopyDrafter(copy_cfg), neural, c=bandit_c)
+        return BanditSpec(CopyDrafter(copy_cfg), neural, c=gate.bandit_c)
     if method in NEURAL_METHODS:
         if neural is None:
             raise ValueError(f"method {method!r} needs a neural drafter "

@@ -1,6 +1,6 @@
 """Train an EAGLE-3 head for a target model by self-distillation, on CPU or GPU.
 
-    python -m switchsd.train_eagle3 --target smollm2-135m-instruct --work runs/eagle3 \
+    python -m switchsd.train_eagle3 --model smollm2-135m-instruct --work runs/eagle3 \
         --prompts 2000 --epochs 3 --out assets/eagle3-smollm2-135m
 
 Stages (each resumes): 1. the target answers a varied prompt set (switchsd.training.prompts, never benchmark
