@@ -4,7 +4,7 @@
         --methods vanilla,copyspec,eagle3,switchsd --max-new-tokens 128 --dist-samples 200 --out runs/temperature
 
 speed: at every T, every method decodes the same prompts (interleaved, one warm-up); Tok/s, speedup over
-vanilla at the same T, tau and per-path shares.
+vanilla at the same T, tokens per target forward (the paper's tau) and per-path shares.
 distribution (every T > 0): speculative sampling must leave the output distribution equal to the target's,
 which is NOT the same as reproducing vanilla's tokens (different random draws are consumed). On one copy-heavy
 prompt each method and vanilla draw `--dist-samples` continuations of `--dist-tokens` tokens with seeds
