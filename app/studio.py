@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import gradio as gr
 
-from switchsd.core.config import CopyConfig, GateConfig, SamplingConfig
+from switchsd.core.config import CopyConfig, EngineConfig, GateConfig, SamplingConfig
 from switchsd.core.methods import METHODS
 
 from . import handlers, plots, probelab
 from .render import CSS
 from .resources import Resources, UserError
 
-COPY, GATE, SAMPLING = CopyConfig(), GateConfig(), SamplingConfig()     # the knobs start at the library defaults
+# the knobs start at the library defaults
+COPY, GATE, SAMPLING, ENGINE = CopyConfig(), GateConfig(), SamplingConfig(), EngineConfig()
 
 PRESETS = {
     "JSON echo (copy-heavy)": 'Repeat this JSON exactly, then stop: {"name": "Alice", "age": 30, "city": "Paris", '
@@ -70,7 +71,8 @@ def generate_tab(res: Resources, precision: gr.Radio, model_status: gr.Markdown)
                 method = gr.Dropdown(list(METHODS), value=res.default_method(), label="Method", elem_id="method")
                 with gr.Row():
                     temperature = gr.Slider(0.0, 1.5, value=SAMPLING.temperature, step=0.05, label="Temperature")
-                    max_new = gr.Slider(1, handlers.MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens")
+                    max_new = gr.Slider(1, handlers.MAX_NEW_TOKENS, value=ENGINE.max_new_tokens, step=1,
+                                          label="Max new tokens")
                 chat = gr.Checkbox(value=True, label="Chat template")
                 with gr.Accordion("Gate and drafter knobs", open=False):
                     with gr.Row():
