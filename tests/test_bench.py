@@ -34,6 +34,7 @@ def test_explain_reports_the_float32_margin_at_the_first_difference():
     text = summarize_mismatches([{"method": "m", "id": "p", **x}])
     assert "1 output(s) differ" in text and "m / p" in text
     assert summarize_mismatches([]) == "All outputs identical to vanilla."
+    assert "not explained" in summarize_mismatches(None)
 
 
 def test_resume_keeps_finished_prompts_and_drops_a_cut_line(tmp_path):
@@ -49,6 +50,27 @@ def test_resume_keeps_finished_prompts_and_drops_a_cut_line(tmp_path):
     with pytest.raises(SystemExit, match="other settings"):
         _resume(path, {**key, "methods": ["vanilla", "pld"]}, fresh=False)
     assert _resume(path, {**key, "methods": ["vanilla", "pld"]}, fresh=True) == []
+
+
+@pytest.mark.parametrize("bad", ["null", "[1, 2]", '{"id": "x"}', "garbage"])
+def test_resume_names_a_bad_middle_line(tmp_path, bad):
+    path = tmp_path / "partial.jsonl"
+    key = {"dataset": "x", "methods": ["vanilla"], "prompts": ["a", "b", "c"]}
+    row = lambda i: json.dumps({"id": i, "records": {"vanilla": {"id": i}}})
+    path.write_text("\n".join([json.dumps({"key": key}), row("a"), bad, row("b")]) + "\n")
+    with pytest.raises(SystemExit, match=r"partial.jsonl:3: not a line this benchmark wrote"):
+        _resume(path, key, fresh=False)
+    path.write_text("\n".join([json.dumps({"key": key}), row("b")]) + "\n")    # another run's prompt order
+    with pytest.raises(SystemExit, match="not the first 1 of this run"):
+        _resume(path, key, fresh=False)
+
+
+def test_duplicate_prompt_ids_are_refused(tmp_path):
+    from switchsd.eval.datasets import load_prompts
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"id": 1, "prompt": "a"}\n{"id": 1, "prompt": "b"}\n')
+    with pytest.raises(ValueError, match="unique"):
+        load_prompts("jsonl", str(f))
 
 
 def test_aggregate_counts_identity_and_paths():
@@ -80,3 +102,21 @@ def test_tau_variant_is_refused_where_no_probe_reads_it():
     from switchsd.cli.common import build_engine
     with pytest.raises(SystemExit, match="only applies to switchsd"):
         build_engine("copyspec@chain1+t0.3", lm=None, cfg=None, copy_cfg=None)
+
+
+@pytest.mark.real
+def test_results_are_written_before_the_optional_rescoring(tmp_path, monkeypatch, real_lm):
+    """An out-of-memory in the float32 re-scoring must not lose the run (it used to come before results.json)."""
+    from switchsd.eval import bench
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"id": "a", "prompt": "Repeat: one two three four five six"}\n')
+
+    def oom(*a, **k):
+        assert (tmp_path / "out" / "results.json").exists()          # written already
+        raise RuntimeError("CUDA out of memory (simulated)")
+    monkeypatch.setattr(bench, "_mismatches", oom)
+    bench.main(["--dataset", "jsonl", "--data-file", str(data), "--methods", "vanilla,pld", "--dtype", "float32",
+                "--max-new-tokens", "8", "--out", str(tmp_path / "out"), "--warmup", "0", "--budget", "8"])
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert res["mismatches"] is None and res["summary"]["pld"]["n"] == 1
+    assert "not explained" in (tmp_path / "out" / "table.md").read_text()

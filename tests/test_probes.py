@@ -122,7 +122,7 @@ def test_probe_for_another_model_is_rejected(tmp_path, tiny_model):
 
 def test_bad_probe_files(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
-    with pytest.raises(ProbeError, match="not a readable"):
+    with pytest.raises(ProbeError, match="not a safetensors probe"):
         load_probe(tmp_path / "junk.safetensors")
     from safetensors.torch import save_file
     save_file({"weight": torch.zeros(4)}, str(tmp_path / "nometa.safetensors"))
@@ -130,6 +130,41 @@ def test_bad_probe_files(tmp_path):
         load_probe(tmp_path / "nometa.safetensors")
     with pytest.raises(ProbeError, match="does not exist"):
         load_probe(tmp_path / "missing.safetensors")
+
+
+def _with_meta(tmp_path, name, **meta):
+    from safetensors.torch import save_file
+    base = {"format": "switchsd-probe-v1", "layer": "1", "sublayer": "attn", "tau": "0.5"}
+    save_file({"weight": torch.zeros(4)}, str(tmp_path / name), metadata={**base, **meta})
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("meta,msg", [({"layer": "abc"}, "'layer' is not a number"),
+                                      ({"per_layer": "[1]"}, "'per_layer' must be a list"),
+                                      ({"tau": "NaN"}, "'tau' must be finite"),
+                                      ({"tau": "1.5"}, "tau must be in"),
+                                      ({"sublayer": "both"}, "sublayer must be")])
+def test_malformed_probe_metadata_is_a_probe_error(tmp_path, meta, msg):
+    with pytest.raises(ProbeError, match=msg):
+        load_probe(_with_meta(tmp_path, "m.safetensors", **meta))
+
+
+def test_probe_size_and_header_are_checked_before_any_weight_is_read(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+    from switchsd.core import probe as probe_mod
+    big = tmp_path / "big.safetensors"
+    big.write_bytes(b"\0" * (probe_mod.MAX_PROBE_BYTES + 1))
+    save_file({"weight": torch.zeros(4), "extra": torch.zeros(2)}, str(tmp_path / "two.safetensors"))
+    save_file({"weight": torch.zeros(2, 2)}, str(tmp_path / "matrix.safetensors"))
+    huge_header = tmp_path / "hdr.safetensors"
+    huge_header.write_bytes((10 ** 9).to_bytes(8, "little") + b"{}")
+    reads = []
+    monkeypatch.setattr("safetensors.safe_open", lambda *a, **k: reads.append(a) or (_ for _ in ()).throw(OSError()))
+    for path, msg in [(big, "at most"), (tmp_path / "two.safetensors", "exactly one tensor"),
+                      (tmp_path / "matrix.safetensors", "float vector"), (huge_header, "no valid header")]:
+        with pytest.raises(ProbeError, match=msg):
+            load_probe(path)
+    assert reads == []          # refused on size / header alone
 
 
 def test_engine_scores_captured_hidden_state(tiny_model):

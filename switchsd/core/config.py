@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+# below MIN_TEMPERATURE, logits / T overflow float32 (use 0: greedy); NaN and inf are refused too
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """temperature == 0 means greedy. top_k == 0 and top_p == 1.0 disable those filters."""
@@ -13,8 +17,10 @@ class SamplingConfig:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if not (self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        t = self.temperature
+        if not (t == 0.0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
+            raise ValueError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE} and {MAX_TEMPERATURE}, "
+                             f"got {t}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):

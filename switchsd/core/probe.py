@@ -4,17 +4,24 @@ File format: safetensors with tensor `weight` [d] (float32) and string metadata:
   format="switchsd-probe-v1", model, model_revision, hidden_size, num_layers, layer, sublayer ("attn"|"mlp"),
   tau, n_train, kappa, align, data (JSON summary of the training data), val_auc, val_f1,
   per_layer (JSON list of {layer, sublayer, auc, f1, tau}).
-Loading never unpickles anything. The engine scores the hidden state its verify forward already captured.
+Loading never unpickles anything, and reads no weight before the file's size and header have been checked
+(a probe is d floats and a little metadata: files over MAX_PROBE_BYTES are refused unread). The engine scores
+the hidden state its verify forward already captured.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 FORMAT = "switchsd-probe-v1"
+MAX_PROBE_BYTES = 1 << 20          # the shipped probe is ~10 KB
+MAX_HEADER_BYTES = 256 << 10
+MAX_HIDDEN = 1 << 16
+_DTYPES = ("F16", "BF16", "F32", "F64")
 
 
 class ProbeError(ValueError):
@@ -28,6 +35,14 @@ class Probe:
     sublayer: str
     tau: float
     meta: dict = field(default_factory=dict)
+    _on_device: dict = field(default_factory=dict, repr=False, compare=False)   # device -> weight copy
+
+    def _weight(self, device) -> torch.Tensor:
+        """The weight on `device`, copied there once (not on every step)."""
+        w = self._on_device.get(device)
+        if w is None:
+            w = self._on_device[device] = self.weight.to(device)
+        return w
 
     @property
     def site(self) -> tuple[int, str]:
@@ -35,12 +50,11 @@ class Probe:
 
     def score(self, hidden: torch.Tensor) -> float:
         """hidden [d] (any dtype/device) -> probability of copy intent."""
-        w = self.weight.to(hidden.device)
-        return float(torch.sigmoid(hidden.float() @ w))
+        return float(torch.sigmoid(hidden.float() @ self._weight(hidden.device)))
 
     def scores(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, d] -> [N]."""
-        return torch.sigmoid(hidden.float() @ self.weight.to(hidden.device))
+        return torch.sigmoid(hidden.float() @ self._weight(hidden.device))
 
     def check(self, model) -> None:
         """Raise ProbeError unless this probe fits `model` (hidden size, layer count, model name)."""
@@ -62,25 +76,65 @@ class Probe:
         save_file({"weight": self.weight.float().contiguous().cpu()}, str(path), metadata=meta)
 
 
+def check_header(path: Path) -> dict:
+    """Size and safetensors header of a would-be probe file, checked before any tensor is read: one `weight`
+    vector of a float dtype, nothing else. Returns the header."""
+    size = path.stat().st_size
+    if size > MAX_PROBE_BYTES:
+        raise ProbeError(f"{path.name}: {size} bytes; a probe file is at most {MAX_PROBE_BYTES} bytes")
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 2 or n > MAX_HEADER_BYTES or 8 + n > size:
+            raise ProbeError(f"{path.name}: not a safetensors probe (no valid header)")
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError):
+            raise ProbeError(f"{path.name}: not a safetensors probe (unreadable header)") from None
+    if not isinstance(header, dict) or set(header) - {"__metadata__"} != {"weight"}:
+        raise ProbeError(f"{path.name}: a probe file holds exactly one tensor, 'weight'; not a SwitchSD probe")
+    w = header["weight"]
+    shape = w.get("shape") if isinstance(w, dict) else None
+    if (not isinstance(shape, list) or len(shape) != 1 or not isinstance(shape[0], int)
+            or not 1 <= shape[0] <= MAX_HIDDEN or w.get("dtype") not in _DTYPES):
+        raise ProbeError(f"{path.name}: 'weight' must be a float vector of at most {MAX_HIDDEN} values")
+    return header
+
+
+def _number(meta: dict, key: str, kind=float):
+    try:
+        v = kind(meta[key])
+    except KeyError:
+        raise ProbeError(f"metadata field '{key}' missing") from None
+    except (TypeError, ValueError):
+        raise ProbeError(f"metadata field '{key}' is not a number: {str(meta[key])[:40]!r}") from None
+    if kind is float and not math.isfinite(v):
+        raise ProbeError(f"metadata field '{key}' must be finite")
+    return v
+
+
+def _check_per_layer(rows) -> None:
+    ok = isinstance(rows, list) and all(
+        isinstance(r, dict) and isinstance(r.get("layer"), int) and r.get("sublayer") in ("attn", "mlp")
+        and all(isinstance(r.get(k), (int, float)) for k in ("auc", "f1", "tau")) for r in rows)
+    if not ok:
+        raise ProbeError("metadata field 'per_layer' must be a list of {layer, sublayer, auc, f1, tau}")
+
+
 def load_probe(path: str | Path, model=None) -> Probe:
     from safetensors import safe_open
     path = Path(path)
-    if not path.exists():
+    if not path.is_file():
         raise ProbeError(f"probe file {path} does not exist")
+    check_header(path)
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = dict(f.metadata() or {})
-            if "weight" not in f.keys():
-                raise ProbeError(f"{path}: no 'weight' tensor; not a SwitchSD probe")
             weight = f.get_tensor("weight")
-    except ProbeError:
-        raise
     except Exception as e:
         raise ProbeError(f"{path}: not a readable safetensors probe ({e.__class__.__name__}: {str(e)[:200]})") from e
     if meta.get("format") != FORMAT:
-        raise ProbeError(f"{path}: metadata format {meta.get('format')!r}, expected {FORMAT!r}")
-    if weight.dim() != 1:
-        raise ProbeError(f"{path}: weight must be a vector, got shape {tuple(weight.shape)}")
+        raise ProbeError(f"{path}: metadata format {str(meta.get('format'))[:40]!r}, expected {FORMAT!r}")
     parsed = {}
     for k, v in meta.items():
         try:
@@ -88,13 +142,19 @@ def load_probe(path: str | Path, model=None) -> Probe:
         except (json.JSONDecodeError, TypeError):
             parsed[k] = v
     try:
-        sub = str(parsed["sublayer"])
+        sub = str(parsed.get("sublayer"))
         if sub not in ("attn", "mlp"):
-            raise ProbeError(f"{path}: sublayer must be 'attn' or 'mlp', got {sub!r}")
-        probe = Probe(weight=weight.float(), layer=int(parsed["layer"]), sublayer=sub, tau=float(parsed["tau"]),
-                      meta=parsed)
-    except KeyError as e:
-        raise ProbeError(f"{path}: metadata field {e} missing") from None
+            raise ProbeError(f"sublayer must be 'attn' or 'mlp', got {sub[:20]!r}")
+        layer, tau = _number(parsed, "layer", int), _number(parsed, "tau")
+        if not 0.0 <= tau <= 1.0:
+            raise ProbeError(f"tau must be in [0, 1], got {tau}")
+        if "per_layer" in parsed:
+            _check_per_layer(parsed["per_layer"])
+        if not torch.isfinite(weight).all():
+            raise ProbeError("the weight holds NaN or inf")
+    except ProbeError as e:
+        raise ProbeError(f"{path}: {e}") from None
+    probe = Probe(weight=weight.float(), layer=layer, sublayer=sub, tau=tau, meta=parsed)
     if model is not None:
         probe.check(model)
     return probe

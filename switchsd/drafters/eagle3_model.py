@@ -53,6 +53,22 @@ class Eagle3Config:
 
     @classmethod
     def from_json(cls, d: dict) -> "Eagle3Config":
+        """The published layouts: EAGLE / SpecForge / SGLang (flat) and vLLM speculators (the layer's fields nested
+        in `transformer_layer_config`). Missing or malformed fields raise Eagle3LoadError."""
+        if isinstance(d.get("transformer_layer_config"), dict):           # speculators
+            if d.get("norm_before_residual"):
+                raise Eagle3LoadError("this EAGLE3 head uses norm_before_residual=True (a speculators variant); "
+                                      "only the official residual convention is supported")
+            d = {**d["transformer_layer_config"], **{k: v for k, v in d.items() if k != "transformer_layer_config"}}
+        try:
+            return cls._from_flat(d)
+        except KeyError as e:
+            raise Eagle3LoadError(f"EAGLE3 config.json lacks the field {e}") from None
+        except (TypeError, ValueError) as e:
+            raise Eagle3LoadError(f"EAGLE3 config.json has a malformed field ({e})") from None
+
+    @classmethod
+    def _from_flat(cls, d: dict) -> "Eagle3Config":
         H = int(d["hidden_size"])
         heads = int(d["num_attention_heads"])
         aux = d.get("eagle_aux_hidden_state_layer_ids")
@@ -255,7 +271,13 @@ def load_eagle3(name_or_path: str, target) -> Eagle3Head:
     cfg_path = folder / "config.json"
     if not cfg_path.exists():
         raise Eagle3LoadError(f"{folder}: config.json missing")
-    c = Eagle3Config.from_json(json.loads(cfg_path.read_text()))
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise Eagle3LoadError(f"{cfg_path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise Eagle3LoadError(f"{cfg_path}: expected a JSON object")
+    c = Eagle3Config.from_json(raw)
     tc = target.config
     if c.target_hidden_size != tc.hidden_size:
         raise Eagle3LoadError(f"EAGLE3 head expects target hidden size {c.target_hidden_size}, the target has "

@@ -14,6 +14,7 @@ Writes results.json and table.md to --out; the LAST printed line is a one-line J
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import platform
 import re
@@ -33,7 +34,8 @@ from ..drafters.oracle import OracleDrafter
 from ..core.engine import Engine
 from ..core.methods import METHODS
 from .mismatch import explain, summarize_mismatches
-from ..target.models import load_model
+from ..io import write_text_atomic
+from ..target.models import ModelLoadError, load_model
 from .peers import PEERS, HFPeer
 from ..core.policies import Fixed
 
@@ -78,19 +80,34 @@ def _mismatches(args, lm, prompts: dict, records: dict, vanilla_ids: dict) -> li
 
 
 def _resume(path: Path, key: dict, fresh: bool) -> list[dict]:
-    """Finished prompts of an interrupted run with the same settings (first line of the file = its key)."""
+    """Finished prompts of an interrupted run with the same settings (first line of the file = its key). A last
+    line cut by a kill is dropped (that prompt runs again); any other bad line stops the run with its number."""
     if fresh or not path.exists():
         path.write_text(json.dumps({"key": key}) + "\n")
         return []
+    raw = path.read_text().splitlines()
     lines = []
-    for x in path.read_text().splitlines():
+    for i, x in enumerate(raw, 1):
         try:
-            lines.append(json.loads(x))
-        except json.JSONDecodeError:     # a line cut by a kill: that prompt runs again
-            break
-    if not lines or lines[0].get("key") != json.loads(json.dumps(key)):
+            row = json.loads(x)
+        except json.JSONDecodeError:
+            row = None
+        good = isinstance(row, dict) and ("key" in row if i == 1 else (
+            "id" in row and isinstance(row.get("records"), dict)))
+        if not good:
+            if i == len(raw) and i > 1:      # a line cut by a kill
+                print(f"{path}:{i}: incomplete last line dropped; that prompt runs again", file=sys.stderr)
+                break
+            raise SystemExit(f"error: {path}:{i}: not a line this benchmark wrote; pass --fresh to discard the "
+                             "partial run or choose another --out")
+        lines.append(row)
+    if lines[0].get("key") != json.loads(json.dumps(key)):
         raise SystemExit(f"error: {path} holds a run with other settings; pass --fresh to discard it "
                          "or choose another --out")
+    ids = [x["id"] for x in lines[1:]]
+    if ids != key["prompts"][:len(ids)]:
+        raise SystemExit(f"error: {path}: its prompts are not the first {len(ids)} of this run's, in order; "
+                         "pass --fresh")
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))   # drop a cut last line, if any
     print(f"resuming: {len(lines) - 1} prompt(s) already done in {path}", file=sys.stderr)
     return lines[1:]
@@ -176,7 +193,9 @@ def main(argv=None) -> None:
     key = {"dataset": args.dataset, "methods": methods, "prompts": [pid for pid, _ in encoded], "model": lm.name,
            "chat": chat, "dtype": str(lm.dtype), "budget": budget, "engine": asdict(cfg), "copy": asdict(copy_cfg),
            "neural": asdict(n_cfg), "gate": asdict(g_cfg), "eagle": args.eagle, "probe": args.probe,
-           "draft": args.draft}
+           "draft": args.draft, "fallback": args.neural, "seed": 0,
+           # the prompts' token ids, so an edited --data-file with the same ids is not merged
+           "prompt_sha": hashlib.sha256(json.dumps(encoded).encode()).hexdigest()[:16]}
     done = _resume(out / "partial.jsonl", key, args.fresh)
     for line in done:
         vanilla_ids[line["id"]] = line["records"]["vanilla"]["token_ids"]
@@ -205,15 +224,23 @@ def main(argv=None) -> None:
     if "oracle" in summary:
         for s in summary.values():
             s["of_oracle"] = s["speedup"] / summary["oracle"]["speedup"] if summary["oracle"]["speedup"] else 0.0
-    mismatches = _mismatches(args, lm, dict(encoded), records, vanilla_ids)
     meta = {"dataset": args.dataset, "n_prompts": len(encoded), "methods": methods, "model": lm.name,
             "device": str(lm.device), "dtype": str(lm.dtype), "chat": chat, "budget": budget,
             "budget_source": source, "engine": asdict(cfg), "copy": asdict(copy_cfg),
             "torch": torch.__version__, "platform": platform.platform(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": "python -m switchsd.bench " + " ".join(argv if argv is not None else sys.argv[1:])}
-    (out / "results.json").write_text(json.dumps({"meta": meta, "summary": summary, "mismatches": mismatches,
-                                                  "records": records}, indent=1))
+    # results first: the optional float32 re-scoring below may load a second copy of the target (and fail)
+    write_text_atomic(out / "results.json", json.dumps({"meta": meta, "summary": summary, "mismatches": None,
+                                                        "records": records}, indent=1))
+    try:
+        mismatches = _mismatches(args, lm, dict(encoded), records, vanilla_ids)
+    except (RuntimeError, MemoryError, ModelLoadError) as e:      # e.g. out of memory: the results stand
+        print(f"mismatch explanations skipped ({e.__class__.__name__}: {str(e)[:200]})", file=sys.stderr)
+        mismatches = None
+    if mismatches is not None:
+        write_text_atomic(out / "results.json", json.dumps({"meta": meta, "summary": summary,
+                                                            "mismatches": mismatches, "records": records}, indent=1))
     md = table(summary)
     (out / "table.md").write_text(f"{args.dataset}, {len(encoded)} prompts, {lm.name} on {lm.device} "
                                   f"({lm.dtype}), budget {budget}, max_new_tokens {cfg.max_new_tokens}, "

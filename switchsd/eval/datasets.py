@@ -87,6 +87,10 @@ def load_prompts(name: str, data_file: str | None = None, limit: int | None = No
                 if not rows:
                     raise ValueError(f"no questions with category {category!r}")
             out = [{"id": r["question_id"], "prompt": r["turns"][0], "category": r.get("category")} for r in rows]
+    seen: set = set()
+    dup = [r["id"] for r in out if r["id"] in seen or seen.add(r["id"])]
+    if dup:
+        raise ValueError(f"prompt ids must be unique (results are keyed by id); repeated: {dup[:5]}")
     if limit is not None:
         if limit < 1:
             raise ValueError("--limit must be >= 1")
