@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 
 # below MIN_TEMPERATURE, logits / T overflow float32 (use 0: greedy); NaN and inf are refused too
-MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 100.0
 
 
 @dataclass(frozen=True)
