@@ -6,6 +6,7 @@ import html
 import os
 import time
 from contextlib import closing
+from dataclasses import replace
 from typing import Any, Iterator, NamedTuple
 
 import gradio as gr
@@ -92,7 +93,11 @@ def status_line(s: dict, done: bool | None = False, note: str = "") -> str:
 
 
 def engine_tau(engine) -> float:
-    return getattr(engine.policy, "tau", None) or (engine.probe.tau if engine.probe is not None else 0.5)
+    """The gate's threshold (0.0 included), else the probe's own, else 0.5 for drawing."""
+    tau = getattr(engine.policy, "tau", None)
+    if tau is not None:
+        return tau
+    return engine.probe.tau if engine.probe is not None else 0.5
 
 
 def _events(engine, ids: list[int]) -> Iterator[StepEvent]:
@@ -102,12 +107,13 @@ def _events(engine, ids: list[int]) -> Iterator[StepEvent]:
 
 def generate(res: Resources, prompt: str, method: str, temperature: float, max_new: int, chat: bool,
              tau: float | None, kappa: int, width: int, depth: int, gamma: int,
-             session: str | None = None, dtype: str = "auto") -> Iterator[GenerateFrame]:
+             session: str | None = None, dtype: str = "auto", queued_at: float | None = None
+             ) -> Iterator[GenerateFrame]:
     """Streams GenerateFrames: tokens html, status, the four figures, the run's events, the live marker.
     Gradio carries the first frame (whose live html names the run on the live board), a full refresh every
     FULL_REFRESH_S for API clients, and the final frame with the figures; in between the page script polls the
     board (app/live.py) for new token spans, live figures and the status line."""
-    t_click = time.monotonic()
+    t_click = queued_at if queued_at is not None else time.monotonic()    # a Stop after this cancels the run
     try:
         first = "Loading the model (first run only)…" if not res.loaded else "Starting…"
         yield GenerateFrame.of(status=first)
@@ -140,7 +146,9 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
 
     def final(line: str) -> GenerateFrame:  # the inspector reads the final run's events
         BOARD.post(token, done=True)
-        state = {"events": events, "prompt": ids, "tau": t_tau, "method": method, "tokenizer": lm.tokenizer}
+        # the inspector's state: no hidden vectors (they would sit in the session for nothing)
+        state = {"events": [replace(e, hidden=None) for e in events], "prompt": ids, "tau": t_tau, "method": method,
+                 "tokenizer": lm.tokenizer}
         return GenerateFrame(tokens_html(lm.tokenizer, events, t_tau, ids), line, *map(plots.plot_value, figures()),
                              state=state, live="")
 
@@ -184,6 +192,8 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
             ui_total += ui_cost
         if events:                          # stopped before the end: show what was written
             yield final(status_line(summarize(events, time.perf_counter() - t0), None))
+        else:                               # stopped (or left) before the engine produced a step
+            yield GenerateFrame.of(status="<b>Stopped</b> before the first token.", live="")
     except gr.Error:
         raise
     except Exception as e:  # a failure inside the engine: shown in the UI, never a traceback
@@ -191,6 +201,7 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
     finally:
         BOARD.post(token, done=True)
         stream.close()
+        res.worker.post(engine.close)       # also when the stream ended before the engine ever ran (idempotent)
 
 
 def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bool = True, replay_speed: float = 4.0,
@@ -202,17 +213,25 @@ def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bo
     try:
         ids = check_prompt(res, prompt, chat)
         max_new = check_max_new(max_new)
-        methods = ["vanilla", "switchsd", "eagle3", "copyspec"]   # vanilla: the reference of the lossless badge
-        engines = {m: res.engine(m, max_new, dtype=dtype) for m in methods}
+        lm = res.lm(dtype)
     except UserError as e:
         raise gr.Error(str(e))
     except Exception as e:
         raise gr.Error(f"{e.__class__.__name__}: {e}")
-    lm = res.lm(dtype)
-    runs = {}
+    methods = ["vanilla", "switchsd", "eagle3", "copyspec"]   # vanilla: the reference of the lossless badge
+    runs, skipped = {}, {}
     for i, m in enumerate(methods):
-        yield _race_frame(lm, runs, {}, with_vanilla, f"running {m} ({i + 1}/{len(methods)})…", None)
-        runs[m] = res.worker.call(_run_and_close, engines[m], ids)
+        note = "".join(f" · {k} skipped: {v}" for k, v in skipped.items())
+        yield _race_frame(lm, runs, {}, with_vanilla, f"running {m} ({i + 1}/{len(methods)})…{note}", None)
+        try:     # built just before its run and closed right after: a client leaving mid-race leaks no hooks
+            engine = res.engine(m, max_new, dtype=dtype)
+        except UserError as e:      # e.g. no probe or head for this model: the other lanes still race
+            if m == "vanilla":
+                raise gr.Error(str(e))
+            skipped[m] = str(e)
+            continue
+        runs[m] = res.worker.call(_run_and_close, engine, ids)
+    note = "".join(f" · {k} skipped: {html.escape(v)}" for k, v in skipped.items())
     ref = runs["vanilla"].token_ids
     res.remember_vanilla((str(lm.dtype), tuple(ids), max_new), ref, runs["vanilla"].stats["tok_s"])
     why = {}
@@ -229,8 +248,8 @@ def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bo
     while True:
         t = min(end, t + step)
         cut = {m: sum(1 for x in clocks[m][0] if x <= t) for m in runs}
-        msg = (f"Done · replayed on a common clock ({end:.2f} s)" if t >= end else
-               f"replay at {t:.2f} s of {end:.2f} s (common clock)")
+        msg = (f"Done · replayed on a common clock ({end:.2f} s){note}" if t >= end else
+               f"replay at {t:.2f} s of {end:.2f} s (common clock){note}")
         yield _race_frame(lm, runs, cut, with_vanilla, msg, ref)
         if t >= end:
             break

@@ -82,7 +82,7 @@ class LiveRoute:
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if PREFIX not in path or scope.get("method") != "GET":
+        if not path.startswith(PREFIX) or scope.get("method") != "GET":
             return await self.app(scope, receive, send)
         token = path.split(PREFIX, 1)[1]
         q = parse_qs(scope.get("query_string", b"").decode("latin-1"))

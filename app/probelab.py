@@ -10,16 +10,27 @@ from .render import heat_strip
 from .resources import Resources, UserError
 
 MAX_TEXT_TOKENS = 2048
+MAX_TEXT_CHARS = 20000      # checked before tokenising (a token is >= 1 character of text here)
+LAB_NEW_TOKENS = 128
+
+
+def load_probes(res: Resources, shipped: str | None, compare: str | None, upload: str | None) -> tuple[list, list]:
+    """(probes, names): the upload if there is one, else the shipped probe chosen; then the comparison."""
+    first = (res.load_upload(upload), "uploaded probe") if upload else (res.load_probe(shipped), shipped)
+    pairs = [first] + ([(res.load_probe(compare), compare)] if compare else [])
+    return [p for p, _ in pairs], [n for _, n in pairs]
 
 
 @torch.inference_mode()
-def score_text(res: Resources, probe_paths: list[str], text: str, generate: bool, max_new: int = 128) -> dict:
+def score_text(res: Resources, probes: list, names: list[str], text: str, generate: bool,
+               max_new: int = LAB_NEW_TOKENS) -> dict:
     """Per-token scores of each probe (the score shown at token j is the probe on h_{j-ALIGN}, the state the
     engine reads when it decides whether token j will be copied) and the copy labels. Stored in gr.State so
     the threshold slider re-colours without recomputing."""
-    if not text or not text.strip():
+    if not isinstance(text, str) or not text.strip():
         raise UserError("Paste some text (or a prompt to generate from) first.")
-    probes = [res.load_probe(p) for p in probe_paths if p]
+    if len(text) > MAX_TEXT_CHARS:
+        raise UserError(f"The text has {len(text)} characters; the probe lab takes at most {MAX_TEXT_CHARS}.")
     if not probes:
         raise UserError("Choose at least one probe.")
     lm = res.lm()
@@ -28,6 +39,9 @@ def score_text(res: Resources, probe_paths: list[str], text: str, generate: bool
         from switchsd.core.engine import Engine
         from switchsd.core.policies import Fixed
         ids = lm.encode(text, chat=True)
+        if len(ids) + max_new > MAX_TEXT_TOKENS:
+            raise UserError(f"The prompt has {len(ids)} tokens; with the {max_new} generated ones the probe lab "
+                            f"takes at most {MAX_TEXT_TOKENS} (shorten it, or untick 'Generate a completion').")
         gen = Engine(lm.model, Fixed([]), EngineConfig(max_new_tokens=int(max_new)), lm.eos_ids(), lm.max_length)
         tokens, start = ids + gen.run(ids).token_ids, len(ids)
     else:
@@ -44,7 +58,7 @@ def score_text(res: Resources, probe_paths: list[str], text: str, generate: bool
     js = list(range(max(start, ALIGN), len(tokens)))
     return {"tokens": [tokens[j] for j in js], "labels": [labels[j] for j in js],
             "scores": [[sc[j - ALIGN] for j in js] for sc in scores],
-            "names": [str(p) for p in probe_paths if p], "taus": [p.tau for p in probes],
+            "names": list(names), "taus": [p.tau for p in probes],
             "meta": [p.meta for p in probes]}
 
 

@@ -2,7 +2,7 @@
 through the library's factory (switchsd.factory), with the defaults of switchsd.core.config."""
 from __future__ import annotations
 
-import threading
+import math
 from dataclasses import dataclass, field
 from collections import OrderedDict
 from pathlib import Path
@@ -31,10 +31,10 @@ class Resources:
     eagle: str = "auto"
     draft: str | None = None
     probe: str = "auto"
+    forward: str = EngineConfig.forward     # the target's forward: auto | lean | hf
     _lms: dict = field(default_factory=dict)         # dtype choice ("auto" | "float32") -> LoadedModel
     _drafters: dict = field(default_factory=dict)
     _vanilla: OrderedDict = field(default_factory=OrderedDict)   # greedy vanilla runs, for speedups / badges
-    _lock: threading.Lock = field(default_factory=threading.Lock)
     _probes: dict = field(default_factory=dict)
     worker: TorchThread = field(default_factory=TorchThread)   # every torch computation runs on this thread
 
@@ -44,12 +44,16 @@ class Resources:
 
     def lm(self, dtype: str | None = None) -> LoadedModel:
         """The target in the studio's dtype (`--dtype`, default auto: the fastest here) or, on request,
-        float32 (token-for-token identical to vanilla)."""
+        float32 (token-for-token identical to vanilla). Loads happen on the torch thread, one at a time, and
+        no lock is held while waiting for it (a job already on that thread may itself ask for the model)."""
         key = "float32" if dtype == "float32" else self.dtype
-        with self._lock:
-            if key not in self._lms:
-                self._lms[key] = self.worker.call(load_model, self.model_name, key, self.device)
-            return self._lms[key]
+        lm = self._lms.get(key)
+        return lm if lm is not None else self.worker.call(self._load, key)
+
+    def _load(self, key: str) -> LoadedModel:      # runs on the torch thread
+        if key not in self._lms:
+            self._lms[key] = load_model(self.model_name, key, self.device)
+        return self._lms[key]
 
     def default_method(self) -> str:
         """switchsd when its probe and EAGLE3 head are at hand for the default setup, else the copy path."""
@@ -76,10 +80,14 @@ class Resources:
                kappa: int = GateConfig.kappa, width: int = CopyConfig.max_candidates,
                depth: int = CopyConfig.max_draft_len, gamma: int | None = None, dtype: str | None = None) -> Engine:
         """`gamma` > 0: a fixed neural chain of that length; None / 0: the default shape (NeuralConfig)."""
+        for name, v in (("max new tokens", max_new_tokens), ("temperature", temperature), ("tau", tau),
+                        ("kappa", kappa), ("W", width), ("D", depth), ("gamma", gamma)):
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v)):
+                raise UserError(f"{name} must be a finite number, got {v!r}")
         lm = self.lm(dtype)
         try:
-            cfg = EngineConfig(max_new_tokens=int(max_new_tokens), budget=load_budget(lm)[0],
-                               sampling=SamplingConfig(temperature=float(temperature)))
+            cfg = EngineConfig(max_new_tokens=int(max_new_tokens), budget=load_budget(lm, forward=self.forward)[0],
+                               sampling=SamplingConfig(temperature=float(temperature)), forward=self.forward)
             copy_cfg = CopyConfig(kappa=int(kappa), max_candidates=int(width), max_draft_len=int(depth))
             neural = NeuralConfig(shape="chain", gamma=int(gamma)) if gamma and int(gamma) > 0 else NeuralConfig()
             gate = GateConfig(tau=None if tau is None else float(tau), kappa=int(kappa))
@@ -103,17 +111,25 @@ class Resources:
     def shipped_probes(self) -> list[str]:
         return sorted(str(p.relative_to(PROBE_DIR.parent)) for p in PROBE_DIR.glob("*.safetensors"))
 
-    def load_probe(self, path: str) -> Probe:
-        if not path:
+    def load_probe(self, name: str) -> Probe:
+        """A shipped probe, by the name the dropdown shows. Nothing else on the server is readable through
+        this: any other name gets the same refusal, whether or not such a file exists."""
+        if not name:
             raise UserError("choose a probe file")
-        key = str(path)
-        if key not in self._probes:
-            p = Path(path)
-            if not p.is_absolute():
-                p = PROBE_DIR.parent / p
-            try:
-                self._probes[key] = self.worker.call(load_probe, p, self.lm().model)
-            except ProbeError as e:
-                raise UserError(str(e)) from None
-        return self._probes[key]
+        if name not in self.shipped_probes():
+            raise UserError(f"unknown probe {str(name)[:80]!r}: choose one of the shipped probes or upload a "
+                            ".safetensors probe")
+        if name not in self._probes:
+            self._probes[name] = self._read_probe(PROBE_DIR.parent / name)
+        return self._probes[name]
 
+    def load_upload(self, path: str) -> Probe:
+        """A probe the visitor uploaded (Gradio's upload folder, size-capped at launch). Not cached: the lab's
+        session state keeps the scores, never the probe."""
+        return self._read_probe(Path(path))
+
+    def _read_probe(self, path: Path) -> Probe:
+        try:
+            return self.worker.call(load_probe, path, self.lm().model)
+        except ProbeError as e:
+            raise UserError(str(e).replace(str(path.parent) + "/", "")) from None

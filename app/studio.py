@@ -8,7 +8,10 @@ from switchsd.core.methods import METHODS
 
 from . import handlers, plots, probelab
 from .render import CSS
+from .guard import GUARD
 from .resources import Resources, UserError
+
+STATE_TTL_S = 1800          # a tab's last run (events for the inspector, lab scores) is dropped after 30 min
 
 # the knobs start at the library defaults
 COPY, GATE, SAMPLING, ENGINE = CopyConfig(), GateConfig(), SamplingConfig(), EngineConfig()
@@ -95,7 +98,7 @@ def generate_tab(res: Resources, precision: gr.Radio, model_status: gr.Markdown)
             out["copy_rate_plot"] = gr.Plot(elem_id=handlers.PLOT_IDS[2], show_label=False)
             out["toks_plot"] = gr.Plot(elem_id=handlers.PLOT_IDS[3], show_label=False)
         out["live"] = gr.HTML(elem_id="live-plots")     # hidden: names the streaming run for the page script
-    out["state"] = gr.State(None)
+    out["state"] = gr.State(None, time_to_live=STATE_TTL_S)
     plot_outputs = [out[f] for f in ("accept_plot", "probe_plot", "copy_rate_plot", "toks_plot")]
 
     # empty axes from the start (live frames draw over them; Plotly.js is loaded for ?live=plotly)
@@ -104,8 +107,9 @@ def generate_tab(res: Resources, precision: gr.Radio, model_status: gr.Markdown)
     preset.change(lambda p: PRESETS.get(p, gr.skip()), preset, prompt, queue=False)
 
     def gen(p, m, t, n, c, on, tau_, k, w, d, g, dt, request: gr.Request):
-        yield from handlers.generate(res, p, m, t, n, c, tau_ if on else None, k, w, d, g,
-                                     session=getattr(request, "session_hash", None), dtype=dt)
+        session = getattr(request, "session_hash", None)
+        yield from handlers.generate(res, p, m, t, n, c, tau_ if on else None, k, w, d, g, session=session,
+                                     dtype=dt, queued_at=GUARD.queued_at(session, "generate"))
 
     def stop_fn(request: gr.Request):       # stops this session's engine at its next step
         res.worker.cancel(getattr(request, "session_hash", None) or "")
@@ -115,7 +119,8 @@ def generate_tab(res: Resources, precision: gr.Radio, model_status: gr.Markdown)
                        concurrency_limit=1, concurrency_id="device", api_name="generate",
                        show_progress="hidden")   # our status line says it; Gradio's animated overlay costs CPU
     gen_ev.then(lambda: res.status(), None, model_status, queue=False)
-    stop.click(stop_fn, None, None, queue=False)     # the run ends with a "Stopped" frame (not a Gradio cancel)
+    # the run ends with a "Stopped" frame (not a Gradio cancel); a run still queued never starts
+    stop.click(stop_fn, None, None, queue=False, api_name="stop")
     return chat, out["state"], gen_ev, empty_plots, plot_outputs
 
 
@@ -145,9 +150,9 @@ def probe_lab_tab(res: Resources) -> None:
         with gr.Row():
             with gr.Column(scale=2):
                 probe_a = gr.Dropdown(res.shipped_probes(), label="Probe", value=(res.shipped_probes() or [None])[0],
-                                      allow_custom_value=True, elem_id="probe-a")
+                                      elem_id="probe-a")
                 probe_b = gr.Dropdown([""] + res.shipped_probes(), label="Compare with (optional)", value="",
-                                      allow_custom_value=True, elem_id="probe-b")
+                                      elem_id="probe-b")
                 upload = gr.File(label="…or upload a .safetensors probe", file_types=[".safetensors"],
                                  elem_id="probe-upload")
             with gr.Column(scale=3):
@@ -159,11 +164,11 @@ def probe_lab_tab(res: Resources) -> None:
         tau = gr.Slider(0.0, 1.0, value=0.5, step=0.01, label="threshold (re-colours instantly)", elem_id="lab-tau")
         view = gr.HTML(elem_id="lab-view")
         layers = gr.Plot(elem_id="plot-layers", show_label=False)
-        state = gr.State(None)
+        state = gr.State(None, time_to_live=STATE_TTL_S)
 
     def lab(a, b, up, text_, gen):
-        paths = [up if up else a] + ([b] if b else [])
-        st = res.worker.call(probelab.score_text, res, paths, text_, gen)
+        probes, names = probelab.load_probes(res, a, b, up)
+        st = res.worker.call(probelab.score_text, res, probes, names, text_, gen)
         meta = st["meta"][0]
         fig = plots.plot_value(plots.layer_plot(meta.get("per_layer", [])))
         return st, probelab.render(res, st, st["taus"][0]), fig, st["taus"][0]
@@ -195,4 +200,5 @@ def build_demo(res: Resources) -> gr.Blocks:
         probe_lab_tab(res)
         inspector_tab(run_state, gen_ev)
         demo.load(empty_plots, None, plot_outputs, queue=False)
+        demo.load(res.status, None, model_status, queue=False)        # a page opened after the model loaded
     return demo

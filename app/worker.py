@@ -15,6 +15,7 @@ import time
 from typing import Callable, Iterator, TypeVar
 
 T = TypeVar("T")
+CANCEL_MEMORY_S = 3600.0
 _END = object()
 
 
@@ -34,6 +35,7 @@ class TorchThread:
         self._start_lock = threading.Lock()
         self._cancels: dict[str, threading.Event] = {}
         self._cancelled_at: dict[str, float] = {}       # key -> time.monotonic() of its last cancel
+        self.busy = False                                # a job is running (tests: idle after a disconnect)
 
     def _ensure(self) -> None:
         with self._start_lock:
@@ -45,7 +47,19 @@ class TorchThread:
         _name_os_thread(self._name)     # shows in top -H / py-spy; OpenMP threads started from here inherit it
         while True:
             job = self._jobs.get()
-            job()
+            self.busy = True
+            try:
+                job()
+            except BaseException as e:  # noqa: BLE001 - a job's own failure must not end the thread
+                import traceback
+                traceback.print_exception(e)
+            finally:
+                self.busy = False
+
+    def post(self, fn: Callable[[], object]) -> None:
+        """Run fn on the torch thread after the jobs already queued; do not wait for it."""
+        self._ensure()
+        self._jobs.put(fn)
 
     def on_thread(self) -> bool:
         return threading.current_thread() is self._thread
@@ -117,7 +131,10 @@ class TorchThread:
     def cancel(self, key: str) -> bool:
         """Stop the stream registered under key (e.g. a browser session's Stop button). Returns whether one was
         running; either way the cancel is remembered for `cancelled_since` and `stream(since=...)`."""
-        self._cancelled_at[key] = time.monotonic()
+        now = time.monotonic()
+        self._cancelled_at[key] = now
+        if len(self._cancelled_at) > 1024:                # forget cancels older than any run still waiting
+            self._cancelled_at = {k: t for k, t in self._cancelled_at.items() if now - t < CANCEL_MEMORY_S}
         ev = self._cancels.get(key)
         if ev is None:
             return False

@@ -108,7 +108,7 @@ def test_api_race_returns_three_lossless_lanes(server):
 
 @pytest.mark.real
 def test_api_probe_lab_scores_and_rejects_bad_files(server, tmp_path):
-    from gradio_client import Client
+    from gradio_client import Client, handle_file
     from app.resources import Resources
     c = Client(server.url, verbose=False)
     shipped = Resources().shipped_probes()
@@ -116,10 +116,25 @@ def test_api_probe_lab_scores_and_rejects_bad_files(server, tmp_path):
         view, _, tau = c.predict(shipped[0], "", None, "The cat sat on the mat. The cat sat on the mat.", False,
                                      api_name="/probe_lab")
         assert 'class="tok' in view and 0.0 < tau < 1.0
-    for path, msg in [(str(ROOT / "tests" / "data" / "probe_heldout.jsonl"), "safetensors"),
-                      (str(tmp_path / "missing.safetensors"), "does not exist")]:
-        with pytest.raises(Exception, match=msg):
+    # server paths never load: an existing file and a missing one get the same refusal
+    msgs = []
+    for path in ("/etc/passwd", str(tmp_path / "missing.safetensors")):
+        with pytest.raises(Exception) as e:
             c.predict(path, "", None, "some text", False, api_name="/probe_lab")
+        msgs.append(str(e.value).replace(path, "PATH"))
+    assert msgs[0] == msgs[1] and "not in the list of choices" in msgs[0]
+    junk = tmp_path / "junk.safetensors"
+    junk.write_text("not a probe")
+    with pytest.raises(Exception, match="not a safetensors probe"):   # an upload that is not a probe
+        c.predict(shipped[0], "", handle_file(str(junk)), "some text", False, api_name="/probe_lab")
+    big = tmp_path / "big.safetensors"
+    big.write_bytes(b"\0" * (2 << 20))
+    with pytest.raises(Exception, match="(?i)size|large"):             # over the upload limit: refused unread
+        c.predict(shipped[0], "", handle_file(str(big)), "some text", False, api_name="/probe_lab")
+    with pytest.raises(Exception, match="20001 characters"):           # checked before tokenising
+        c.predict(shipped[0], "", None, "x" * 20001, False, api_name="/probe_lab")
+    with pytest.raises(Exception, match="prompt has .* tokens"):        # too long to generate from: a clear message
+        c.predict(shipped[0], "", None, "word " * 3000, True, api_name="/probe_lab")
 
 
 def test_live_board_frames_and_route():

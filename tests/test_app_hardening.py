@@ -1,0 +1,236 @@
+"""The studio against hostile or careless use: knobs, the device queue, Stop, disconnects, leaked hooks, state.
+API-level through gradio_client against the real app (offline model), and in-process where the internals matter."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+STORY = ("Write a very long story about a dragon who learns to bake bread, with many chapters.", "vanilla", 0.0,
+         1024, True, False, 0.5, 5, 10, 20, 0, "auto")
+
+
+@pytest.fixture(scope="module")
+def server():
+    from app_server import AppServer
+    s = AppServer()
+    yield s
+    s.close()
+
+
+def _cpu_s(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")      # utime + stime
+
+
+def _wait(pred, timeout: float, every: float = 0.2):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if pred():
+            return True
+        time.sleep(every)
+    return False
+
+
+def _code(job) -> str:
+    return job.status().code.name
+
+
+@pytest.mark.real
+def test_knobs_non_finite_refused_and_tau_zero_honoured(server):
+    """NaN / inf cannot travel as JSON through gradio_client, so they are fed to the handler itself (a raw HTTP
+    client can send them); the rest goes through the API."""
+    import gradio as gr
+    from gradio_client import Client
+
+    from app import handlers
+    from app.resources import Resources
+    res = Resources()
+    base = ["Repeat exactly: red green blue red green blue red green blue.", "switchsd", 0.0, 12, True, None,
+            3, 10, 20, 0]
+    for i, bad, msg in [(5, float("nan"), "tau must be a finite number"), (2, float("inf"), "temperature"),
+                        (6, float("nan"), "kappa must be a finite"), (3, float("nan"), "(?i)max new tokens")]:
+        args = list(base)
+        args[i] = bad
+        with pytest.raises(gr.Error, match=msg):
+            list(handlers.generate(res, *args))
+    c = Client(server.url, verbose=False)
+    api = ["Repeat exactly: red green blue red green blue red green blue.", "switchsd", 1e-300, 12, True, False, 0.5,
+           3, 10, 20, 0, "float32"]
+    with pytest.raises(Exception, match="temperature must be 0"):
+        c.predict(*api, api_name="/generate")
+    api[2], api[5], api[6] = 0.0, True, 0.0          # override the probe's tau with 0.0: a value, not "unset"
+    html_ = c.predict(*api, api_name="/generate")[0]
+    assert "tau 0.00" in html_ and "tau 0.45" not in html_
+
+
+@pytest.mark.real
+def test_one_session_cannot_fill_the_queue(server):
+    from gradio_client import Client
+    c = Client(server.url, verbose=False)
+    jobs = [c.submit(*STORY, api_name="/generate") for _ in range(2)]
+    try:
+        assert _wait(lambda: all(_code(j) not in ("STARTING", "JOINING_QUEUE") for j in jobs), 30)
+        import httpx
+        r = httpx.post(server.url + "gradio_api/queue/join",
+                       json={"data": list(STORY), "fn_index": c._infer_fn_index("/generate", None),
+                             "session_hash": c.session_hash, "event_data": None, "trigger_id": None})
+        assert r.status_code == 503 and "already has 2 runs" in r.text
+        other = Client(server.url, verbose=False)     # another session is still welcome (the queue has room)
+        j = other.submit(*STORY, api_name="/generate")
+        assert _wait(lambda: _code(j) in ("IN_QUEUE", "PROCESSING", "ITERATING"), 30)
+        j.cancel()
+    finally:
+        c.predict(api_name="/stop")
+        for j in jobs:
+            j.cancel()
+        assert _wait(lambda: all(j.done() for j in jobs), 60)
+
+
+@pytest.mark.real
+def test_five_clients_stop_disconnect_and_idle(server):
+    """5 sessions start 1024-token runs at once. A Stop from another session never stops the running one; a
+    Stop while queued means that run never starts; a client that leaves mid-run leaves the torch thread idle
+    within 3 s; every run ends (stopped, cancelled or finished), none hangs."""
+    from gradio_client import Client
+    clients = [Client(server.url, verbose=False) for _ in range(5)]
+    jobs = [c.submit(*STORY, api_name="/generate") for c in clients]
+    assert _wait(lambda: any(_code(j) in ("ITERATING", "PROCESSING") and j.outputs() for j in jobs), 120)
+    run = next(i for i, j in enumerate(jobs) if _code(j) in ("ITERATING", "PROCESSING") and j.outputs())
+    queued = [i for i in range(5) if i != run]
+    stop_queued, leave_queued = queued[0], queued[1]
+    clients[stop_queued].predict(api_name="/stop")            # Stop while queued (another session than `run`)
+    jobs[leave_queued].cancel()                               # a queued client leaves
+    n0 = len(jobs[run].outputs())
+    time.sleep(7)                                             # the running run goes on (full frames every 3 s)
+    assert len(jobs[run].outputs()) > n0 and not jobs[run].done(), "another session's Stop stopped this run"
+    clients[run].predict(api_name="/stop")
+    assert _wait(jobs[run].done, 30)
+    assert "Stopped" in jobs[run].outputs()[-1][1]
+    # the next run to start (whatever the queue order) belongs to a client that leaves mid-run; the last one is
+    # stopped while it waits; the torch thread must be idle within 3 s of the leaver's departure
+    rest = queued[2:]
+    started = lambda i: _code(jobs[i]) in ("ITERATING", "PROCESSING") and jobs[i].outputs()     # noqa: E731
+    assert _wait(lambda: any(started(i) for i in rest), 120), [(_code(jobs[i]), len(jobs[i].outputs())) for i in rest]
+    leaver = next(i for i in rest if started(i))
+    last = next(i for i in rest if i != leaver)
+    jobs[leaver].cancel()
+    clients[last].predict(api_name="/stop")
+    time.sleep(3)
+    c0 = _cpu_s(server.proc.pid)
+    time.sleep(2)
+    assert _cpu_s(server.proc.pid) - c0 < 0.5, "the server keeps computing after its clients left"
+    assert all(_wait(j.done, 30) for j in jobs)
+    assert "before the first token" in jobs[stop_queued].outputs()[-1][1], "a Stop while queued must win"
+    assert "Stopped" in jobs[last].outputs()[-1][1]
+
+
+@pytest.mark.real
+def test_race_leaks_no_hooks_and_state_keeps_no_hidden_vectors():
+    """With transformers' forward (hooks capture the probe's and EAGLE-3's hidden states): a race left mid-way
+    and 10 finished races leave no hook on the model; the inspector's state holds no hidden vectors."""
+    from app import handlers
+    from app.resources import Resources
+    res = Resources(forward="hf")
+    model = res.lm().model
+
+    def hooks() -> int:
+        return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    assert hooks() == 0
+    gen = handlers.race(res, "Repeat exactly: one two three four five six seven eight.", 8, True)
+    for _ in range(3):               # vanilla ran, switchsd is running or about to
+        next(gen)
+    gen.close()                      # the client left
+    res.worker.call(lambda: None)    # whatever the thread was doing has finished
+    assert hooks() == 0
+    for _ in range(10):
+        for _frame in handlers.race(res, "Repeat exactly: alpha beta gamma delta.", 6, True, replay_speed=1e9):
+            pass
+    assert hooks() == 0
+    frames = list(handlers.generate(res, "Repeat exactly: a b c d e f a b c d e f.", "switchsd", 0.0, 12, True,
+                                    None, 3, 10, 20, 0))
+    state = frames[-1].state
+    assert state["events"] and all(e.hidden is None for e in state["events"])
+    res.worker.call(lambda: None)
+    assert hooks() == 0
+
+
+def test_worker_survives_a_failing_job_and_forgets_old_cancels():
+    from app.worker import TorchThread
+    w = TorchThread("test-worker")
+
+    class Boom:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return 1
+
+        def close(self):
+            raise RuntimeError("close failed")           # escapes the stream job's own handling
+    for _ in zip(range(2), w.stream(lambda: Boom())):
+        pass
+    assert w.call(lambda: 41 + 1) == 42                  # the thread lives on
+    for i in range(1100):
+        w.cancel(f"s{i}")
+    assert len(w._cancelled_at) <= 1100
+    w._cancelled_at = {k: t - 7200 for k, t in w._cancelled_at.items()}
+    w.cancel("new")
+    w.cancel("newer")
+    assert len(w._cancelled_at) < 1100
+
+
+def test_live_route_answers_its_prefix_only():
+    import asyncio
+
+    from app.live import LiveBoard, LiveRoute
+    sent = []
+
+    async def app_(scope, receive, send):
+        sent.append("passed")
+
+    async def send(m):
+        sent.append(m)
+    asyncio.run(LiveRoute(app_, LiveBoard())({"type": "http", "method": "GET", "path": "/x/ssd/live/abc",
+                                              "query_string": b""}, None, send))
+    assert sent == ["passed"]
+
+
+def test_queue_guard_caps_a_session_and_remembers_when_runs_were_queued():
+    import asyncio
+    from types import SimpleNamespace
+
+    from app.guard import QueueGuard
+    now = [10.0]
+    g = QueueGuard(per_session=2, clock=lambda: now[0])
+    pending: dict = {}
+
+    async def push(body, request, username):
+        pending.setdefault(body.session_hash, set()).add(len(pending.get(body.session_hash, ())))
+        return True, "ok", "success"
+    demo = SimpleNamespace(_queue=SimpleNamespace(push=push, pending_event_ids_session=pending),
+                           fns={0: SimpleNamespace(api_name="generate", concurrency_id="device"),
+                                1: SimpleNamespace(api_name="stop", concurrency_id=None)})
+    g.install(demo)
+    body = SimpleNamespace(session_hash="s", fn_index=0)
+    assert asyncio.run(demo._queue.push(body, None, None))[0]
+    now[0] = 11.0
+    assert asyncio.run(demo._queue.push(body, None, None))[0]
+    ok, msg, kind = asyncio.run(demo._queue.push(body, None, None))
+    assert not ok and kind == "queue_full" and "already has 2 runs" in msg
+    assert asyncio.run(demo._queue.push(SimpleNamespace(session_hash="s", fn_index=1), None, None))[0]   # Stop
+    assert asyncio.run(demo._queue.push(SimpleNamespace(session_hash="t", fn_index=0), None, None))[0]
+    assert g.queued_at("s", "generate") == 10.0 and g.queued_at("s", "generate") == 11.0
+    now[0] = 12.0
+    assert g.queued_at("s", "generate") == 12.0          # unknown: now
+
+
+def test_status_is_refreshed_when_a_page_loads():
+    from app.resources import Resources
+    from app.studio import build_demo
+    demo = build_demo(Resources())
+    status_id = next(b._id for b in demo.blocks.values() if getattr(b, "elem_id", None) == "model-status")
+    loads = [fn for fn in demo.fns.values()
+             if any(t[1] == "load" for t in fn.targets) and any(o._id == status_id for o in fn.outputs)]
+    assert loads, "the model status is set at build time only"
