@@ -196,3 +196,62 @@ def test_tree_respects_budget_and_depth(target, head):
     nodes = {tuple(c[:i + 1]) for c in draft.candidates for i in range(len(c))}
     assert len(nodes) <= 7
     assert max(len(c) for c in draft.candidates) <= 3
+
+
+def test_tree_reads_back_once_per_level(target, head, monkeypatch):
+    """On a GPU every tensor -> Python conversion waits for the device: the tree drafts with one per level."""
+    g = torch.Generator().manual_seed(5)
+    toks = torch.randint(0, V, (15,), generator=g).tolist()
+    hs = target(input_ids=torch.tensor([toks]), output_hidden_states=True).hidden_states
+    d = Eagle3Drafter(head, target, TreeConfig(4, 5, 24))
+    d.reset(toks)
+    d.add_features({s: hs[s[0] + 1][0, :-1] for s in d.sites})
+    calls = {"tolist": 0, "scalar": 0}
+    real_tolist = torch.Tensor.tolist
+
+    def counting_tolist(self):
+        calls["tolist"] += 1
+        return real_tolist(self)
+
+    def scalar(kind):
+        real = getattr(torch.Tensor, kind)
+
+        def f(self, *a):
+            calls["scalar"] += 1
+            return real(self, *a)
+        return f
+    monkeypatch.setattr(torch.Tensor, "tolist", counting_tolist)
+    for kind in ("__int__", "__float__", "item", "__index__", "__bool__"):
+        monkeypatch.setattr(torch.Tensor, kind, scalar(kind))
+    draft = d.propose(DraftRequest(tokens=toks, max_len=8, budget=31))
+    monkeypatch.undo()
+    assert draft and calls["scalar"] == 0 and calls["tolist"] == 5      # depth 5: the root level + 4 expansions
+
+
+def test_loader_speculators_layout_and_clear_config_errors(tmp_path, target):
+    """vLLM speculators nest the layer's fields in transformer_layer_config (with layers.0.* keys): read the same
+    head; its norm_before_residual variant and a config without the needed fields are clear errors."""
+    sd, cfg = published_state_dict()
+    folder = tmp_path / "spec"
+    folder.mkdir()
+    layer = {k: cfg[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                                 "vocab_size", "rms_norm_eps", "max_position_embeddings")}
+    spec_cfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+                "transformer_layer_config": layer, "draft_vocab_size": cfg["draft_vocab_size"],
+                "target_hidden_size": H, "norm_before_residual": False}
+    (folder / "config.json").write_text(json.dumps(spec_cfg))
+    keys = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in sd.items()}
+    save_file({k: v.contiguous() for k, v in keys.items()}, str(folder / "model.safetensors"))
+    ref = tmp_path / "ref"
+    write_head(ref)
+    a, b = load_eagle3(str(folder), target), load_eagle3(str(ref), target)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    (folder / "config.json").write_text(json.dumps({**spec_cfg, "norm_before_residual": True}))
+    with pytest.raises(Eagle3LoadError, match="norm_before_residual"):
+        load_eagle3(str(folder), target)
+    (folder / "config.json").write_text(json.dumps({"architectures": ["Eagle3Speculator"]}))
+    with pytest.raises(Eagle3LoadError, match="lacks the field"):
+        load_eagle3(str(folder), target)
+    (folder / "config.json").write_text("[1, 2]")
+    with pytest.raises(Eagle3LoadError, match="JSON object"):
+        load_eagle3(str(folder), target)

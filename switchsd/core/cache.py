@@ -12,6 +12,14 @@ import torch
 from transformers import DynamicCache
 
 
+def check_grew(cache: "KVCache", before: int, added: int) -> None:
+    """transformers versions that ignore `cache=` would silently recompute from scratch: refuse them."""
+    if len(cache) != before + added:
+        raise RuntimeError(f"the KV cache holds {len(cache)} positions after a forward of {added} new tokens on "
+                           f"{before}: this transformers version ignored cache= (requirements.txt pins a "
+                           "tested one)")
+
+
 class KVCache:
     def __init__(self, config):
         self.hf = DynamicCache(config=config)

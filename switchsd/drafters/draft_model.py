@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from ..core.cache import KVCache
+from ..core.cache import KVCache, check_grew
 from ..core.config import SamplingConfig
 from ..core.verify import target_probs
 from .base import Draft, DraftRequest
@@ -66,8 +66,10 @@ class DraftModelDrafter:
         for i in range(n):
             x = torch.tensor(feed, device=dev)[None]
             pos = torch.arange(len(self.seen), len(self.seen) + len(feed), device=dev)[None]
+            before = len(self.cache)
             logits = self.model(input_ids=x, position_ids=pos, cache=self.cache.hf, use_cache=True,
                                 logits_to_keep=1).logits[0, -1]
+            check_grew(self.cache, before, len(feed))
             self.seen += feed
             if self.sampling.greedy:
                 tok = int(logits.argmax())

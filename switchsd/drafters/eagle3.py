@@ -52,7 +52,9 @@ class Eagle3Drafter:
         self.tokens = tokens
 
     def add_features(self, feats: dict) -> None:
-        self.pending.append(torch.cat([feats[s] for s in self.sites], -1))   # [n, 3Ht] low|mid|high
+        # with device_map the fused layers may sit on different GPUs: gather them on the head's device
+        dev = self.head.fc.weight.device
+        self.pending.append(torch.cat([feats[s].to(dev) for s in self.sites], -1))   # [n, 3Ht] low|mid|high
 
     @property
     def synced(self) -> int:
@@ -66,15 +68,19 @@ class Eagle3Drafter:
         self.pending = []
         start, n = self.synced, g.shape[0]
         dev = g.device
-        toks = torch.tensor(self.tokens[start + 1:start + 1 + n], device=dev)
+        toks = torch.tensor(self.tokens[start + 1:start + 1 + n], device=self.embed.weight.device)
         h = self.head.fc(g.to(self.head.fc.weight.dtype))[None]        # [1, n, H]
-        emb = self.embed(toks)[None]                                    # [1, n, H]
+        emb = self._embed(toks)[None]                                   # [1, n, H]
         pos = torch.arange(start, start + n, device=dev)
         out, k, v = self.head.step(emb, h, pos, self.k, self.v, None)
         self.k = k if self.k is None else torch.cat([self.k, k], 2)
         self.v = v if self.v is None else torch.cat([self.v, v], 2)
         self.last_out = out[0, -1]
         return self.last_out
+
+    def _embed(self, toks: torch.Tensor) -> torch.Tensor:
+        """Target token embeddings [..., H] on the head's device (the embedding may live on another GPU)."""
+        return self.embed(toks.to(self.embed.weight.device)).to(self.head.fc.weight.device)
 
     def _dist(self, out: torch.Tensor) -> torch.Tensor:
         """Head output [..., H] -> draft distribution over the TARGET vocabulary [..., V] (sampling only)."""
@@ -95,24 +101,24 @@ class Eagle3Drafter:
         return self._tree(last, base, req)
 
     def _chain(self, out: torch.Tensor, base: int, n: int) -> Draft:
-        toks, qs = [], []
+        toks, qs = [], []               # greedy: token tensors, read back in one host sync at the end
         k, v = self.k, self.v
         greedy = self.sampling.greedy
         for i in range(n):
             if greedy:
-                tok = int(self.head.to_target_ids(self.head.logits(out).argmax(-1)))
+                tok = self.head.to_target_ids(self.head.logits(out).argmax(-1)).view(1)       # [1] on device
             else:
                 q = self._dist(out).float().cpu()
-                tok = int(torch.multinomial(q, 1, generator=self.generator))
+                tok = torch.multinomial(q, 1, generator=self.generator)
                 qs.append(q)
             toks.append(tok)
             if i == n - 1:
                 break
-            emb = self.embed(torch.tensor([tok], device=out.device))[None]
+            emb = self._embed(tok.to(out.device))[None]
             o, k1, v1 = self.head.step(emb, out[None, None], torch.tensor([base + i], device=out.device), k, v, None)
             k, v = torch.cat([k, k1], 2), torch.cat([v, v1], 2)
             out = o[0, -1]
-        return Draft([toks], q=[qs] if qs else None)
+        return Draft([torch.cat(toks).tolist()], q=[qs] if qs else None)
 
     def _tree(self, out: torch.Tensor, base: int, req: DraftRequest) -> Draft:
         """EAGLE-2: expand the top_k best nodes per level by cumulative log-prob, then keep the best
@@ -121,15 +127,14 @@ class Eagle3Drafter:
         N = min(self.tree.total_tokens, req.budget)
         dev = out.device
         S = self.synced
-        # candidate nodes: token (target id), parent (-1 root), score, depth
-        tok_l, par_l, score_l = [], [], []
+        # candidate nodes: token (target id), parent (-1 root), score. The frontier's tokens and scores stay on
+        # the device; each level reads its candidates back in ONE host transfer.
         logp = torch.log_softmax(self.head.logits(out).float(), -1)
         top = logp.topk(K)
+        f_tok, f_score = self.head.to_target_ids(top.indices), top.values        # [K] each, on the device
+        host = torch.cat([f_tok.double(), f_score.double()]).tolist()
+        tok_l, par_l, score_l = [int(t) for t in host[:K]], [-1] * K, host[K:]
         frontier = list(range(K))                 # node ids of the current level
-        for j in range(K):
-            tok_l.append(int(self.head.to_target_ids(top.indices[j])))
-            par_l.append(-1)
-            score_l.append(float(top.values[j]))
         f_h = out[None].expand(K, -1)             # hidden input per frontier node [K, H]
         temp_k = temp_v = None                    # K/V of expanded nodes [1, kvh, E, hd]
         anc_rows = torch.zeros(K, 0, dtype=torch.bool, device=dev)   # frontier node -> temp entries it sees
@@ -139,28 +144,27 @@ class Eagle3Drafter:
             mask = torch.cat([torch.ones(n_f, S, dtype=torch.bool, device=dev), rows], 1)
             pk = self.k if temp_k is None else torch.cat([self.k, temp_k], 2)
             pv = self.v if temp_v is None else torch.cat([self.v, temp_v], 2)
-            emb = self.embed(torch.tensor([tok_l[i] for i in frontier], device=dev))[None]
+            emb = self._embed(f_tok)[None]                                     # [1, n_f, H]
             pos = torch.full((n_f,), base + d - 1, device=dev)
             o, k1, v1 = self.head.step(emb, f_h[None], pos, pk, pv, mask)
             temp_k = k1 if temp_k is None else torch.cat([temp_k, k1], 2)
             temp_v = v1 if temp_v is None else torch.cat([temp_v, v1], 2)
             lp = torch.log_softmax(self.head.logits(o[0]).float(), -1)          # [n_f, Vd]
-            parent_scores = torch.tensor([score_l[i] for i in frontier], device=dev)
-            cand = (lp.topk(K, -1))
-            cum = parent_scores[:, None] + cand.values                        # [n_f, K]
-            flat = cum.flatten()
+            cand = lp.topk(K, -1)
+            flat = (f_score[:, None] + cand.values).flatten()                   # [n_f * K] cumulative log-probs
+            ids = self.head.to_target_ids(cand.indices).flatten()               # [n_f * K]
+            best_t = flat.topk(min(K, flat.numel())).indices                    # the next frontier
+            m = flat.numel()
+            host = torch.cat([ids.double(), flat.double(), best_t.double()]).tolist()   # the level's one sync
             first_new = len(tok_l)
-            for idx in range(flat.numel()):
-                fi, kj = divmod(idx, K)
-                tok_l.append(int(self.head.to_target_ids(cand.indices[fi, kj])))
-                par_l.append(frontier[fi])
-                score_l.append(float(flat[idx]))
-            best = flat.topk(min(K, flat.numel())).indices.tolist()
-            new_frontier = [first_new + b for b in best]
-            parents_local = [b // K for b in best]
+            tok_l += [int(t) for t in host[:m]]
+            par_l += [frontier[idx // K] for idx in range(m)]
+            score_l += host[m:2 * m]
+            frontier = [first_new + int(b) for b in host[2 * m:]]
+            parents_local = best_t // K
             anc_rows = rows[parents_local]                     # a child sees its parent's row (ancestors + parent)
             f_h = o[0, parents_local]
-            frontier = new_frontier
+            f_tok, f_score = ids[best_t], flat[best_t]
         # re-rank: the N best nodes overall, parents before children
         order = sorted(range(len(tok_l)), key=lambda i: (-score_l[i], i))
         chosen: set[int] = set()

@@ -13,7 +13,7 @@ from typing import Iterable, Protocol
 
 import torch
 
-from ..core.cache import KVCache
+from ..core.cache import KVCache, check_grew
 from .capture import HiddenCapture
 from .lean import LeanLlama, StaticKVCache, supports
 
@@ -65,10 +65,12 @@ class HFTarget:
         return KVCache(self.model.config)
 
     def forward(self, ids, cache: KVCache, position_ids=None, mask=None, logit_rows=None) -> torch.Tensor:
+        before = len(cache)
         if position_ids is None:
-            position_ids = torch.arange(len(cache), len(cache) + ids.shape[1], device=ids.device)[None]
+            position_ids = torch.arange(before, before + ids.shape[1], device=ids.device)[None]
         out = self.model(input_ids=ids, position_ids=position_ids, attention_mask=mask, cache=cache.hf,
                          use_cache=True, logits_to_keep=1 if logit_rows == -1 else 0)
+        check_grew(cache, before, ids.shape[1])
         return out.logits[0] if logit_rows == -1 else out.logits[0, :logit_rows]    # [R, V]
 
     def attach(self) -> None:
