@@ -103,7 +103,12 @@ def test_five_clients_stop_disconnect_and_idle(server):
     clients[stop_queued].predict(api_name="/stop")            # Stop while queued (another session than `run`)
     jobs[leave_queued].cancel()                               # a queued client leaves
     n0 = len(jobs[run].outputs())
-    time.sleep(7)                                             # the running run goes on (full frames every 3 s)
+    import urllib.request
+    for _ in range(3):                                        # the page stays responsive while 5 runs queue
+        t0 = time.time()
+        urllib.request.urlopen(server.url, timeout=10).read()
+        assert time.time() - t0 < 2.0
+    time.sleep(5)                                             # the running run goes on (full frames every 3 s)
     assert len(jobs[run].outputs()) > n0 and not jobs[run].done(), "another session's Stop stopped this run"
     clients[run].predict(api_name="/stop")
     assert _wait(jobs[run].done, 30)
@@ -154,6 +159,18 @@ def test_race_leaks_no_hooks_and_state_keeps_no_hidden_vectors():
     assert state["events"] and all(e.hidden is None for e in state["events"])
     res.worker.call(lambda: None)
     assert hooks() == 0
+
+
+@pytest.mark.real
+def test_race_runs_without_a_probe():
+    """A model setup without a probe loses the SwitchSD lane, not the whole race."""
+    from app import handlers
+    from app.resources import Resources
+    res = Resources(probe="/nonexistent/probe.safetensors")
+    frames = list(handlers.race(res, "Repeat exactly: one two three one two three.", 8, True, replay_speed=1e9))
+    lanes, status = frames[-1].lanes, frames[-1].status
+    assert 'data-lane="vanilla"' in lanes and 'data-lane="eagle3"' in lanes and 'data-lane="copyspec"' in lanes
+    assert 'data-lane="switchsd"' not in lanes and "switchsd skipped" in status
 
 
 def test_worker_survives_a_failing_job_and_forgets_old_cancels():
@@ -234,3 +251,87 @@ def test_status_is_refreshed_when_a_page_loads():
     loads = [fn for fn in demo.fns.values()
              if any(t[1] == "load" for t in fn.targets) and any(o._id == status_id for o in fn.outputs)]
     assert loads, "the model status is set at build time only"
+
+
+@pytest.mark.real
+def test_rest_routes_do_not_skip_the_queue(server):
+    """A well-formed direct call (it would run with `api_open=True`) is refused; the queue path serves it."""
+    import httpx
+    from gradio_client import Client
+
+    from app.resources import Resources
+    data = [Resources().shipped_probes()[0], "", None, "The cat sat on the mat. The cat sat on the mat.", False]
+    r = httpx.post(server.url + "gradio_api/run/probe_lab", json={"data": data}, timeout=60)
+    assert r.status_code != 200 and "tok" not in r.text
+    assert 'class="tok' in Client(server.url, verbose=False).predict(*data, api_name="/probe_lab")[0]
+
+
+@pytest.mark.real
+def test_uploads_are_not_cached_and_loads_never_hold_a_lock(tmp_path):
+    """An uploaded probe is read for its request only; a torch-thread job asking for the model while another
+    thread loads it finishes (the old lock held across the load could deadlock)."""
+    import threading
+
+    from app.resources import Resources
+    from switchsd.factory import DEFAULT_PROBES
+    from switchsd.target.models import DEFAULT_MODEL
+    res = Resources()
+    got = []
+    res.worker.post(lambda: (time.sleep(0.2), got.append(res.lm())))
+    t = threading.Thread(target=lambda: got.append(res.lm()))
+    t.start()
+    t.join(120)
+    assert not t.is_alive() and res.worker.call(lambda: len(got)) == 2 and got[0] is got[1]
+    import shutil
+    up = tmp_path / "mine.safetensors"
+    shutil.copy(DEFAULT_PROBES[DEFAULT_MODEL], up)
+    assert res.load_upload(str(up)).site and res._probes == {}
+
+
+def test_cli_refuses_non_finite_sampling_and_bad_auth():
+    import argparse
+
+    from switchsd.cli.common import add_decode_args, engine_config
+    ap = argparse.ArgumentParser()
+    add_decode_args(ap)
+    for t in ("inf", "nan", "1e-300", "-1"):
+        with pytest.raises(SystemExit, match="temperature"):
+            engine_config(ap.parse_args(["--temperature", t]), 8)
+    import app as app_script  # the package app/ shadows app.py: load the script by path
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("app_script", Path(app_script.__path__[0]).parent / "app.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(SystemExit):
+        mod.main(["--auth", "no-colon"])
+
+
+def test_state_expires_and_probe_weight_moves_once(monkeypatch):
+    import gradio as gr
+    import torch
+
+    from app.resources import Resources
+    from app.studio import STATE_TTL_S, build_demo
+    from switchsd.core.probe import Probe
+    demo = build_demo(Resources())
+    states = [b for b in demo.blocks.values() if isinstance(b, gr.State)]
+    assert states and all(b.time_to_live == STATE_TTL_S for b in states)
+    p = Probe(torch.randn(8), 0, "attn", 0.5)
+    moves = []
+    real_to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: moves.append(1) or real_to(self, *a, **k))
+    for _ in range(5):
+        p.score(torch.randn(8))
+    assert len(moves) == 1
+
+
+def test_a_transformers_that_ignores_the_cache_is_refused(tiny_model, monkeypatch):
+    from switchsd.core.config import EngineConfig
+    from switchsd.core.engine import Engine
+    from switchsd.core.policies import Fixed
+    eng = Engine(tiny_model, Fixed([]), EngineConfig(max_new_tokens=4, forward="hf"), ())
+    real = tiny_model.forward
+    monkeypatch.setattr(tiny_model, "forward", lambda *a, **k: real(*a, **{**k, "cache": None}))
+    with pytest.raises(RuntimeError, match="ignored cache="):
+        eng.run([1, 2, 3])
