@@ -18,6 +18,7 @@ from ..factory import Drafters, SetupError
 from ..factory import build_engine as _build_engine
 from ..factory import parse_method as _parse_method
 from ..core.methods import NEURAL_METHODS
+from ..core.rules import RULES
 from ..target.models import LoadedModel, ModelLoadError, load_model
 from ..target.forward import FORWARDS
 
@@ -46,6 +47,9 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--temperature", type=float, default=_S.temperature, help="0: greedy")
     ap.add_argument("--top-k", type=int, default=_S.top_k, help="0: off")
     ap.add_argument("--top-p", type=float, default=_S.top_p, help="1.0: off")
+    ap.add_argument("--verify", default=_E.verify, metavar="RULE[:k=v,...]",
+                    help=f"verification rule at T > 0: {', '.join(RULES)} (every rule but lossless is LOSSY: its "
+                         "output is not the target's distribution; see switchsd/core/rules.py)")
     ap.add_argument("--budget", default="auto",
                     help="most tokens verified per target forward; 'auto' = from the calibrated cost curve")
     ap.add_argument("--budget-ratio", type=float, default=DEFAULT_RATIO,
@@ -138,7 +142,7 @@ def engine_config(args, budget: int) -> EngineConfig:
     try:
         return EngineConfig(max_new_tokens=args.max_new_tokens, budget=budget,
                             sampling=SamplingConfig(args.temperature, args.top_k, args.top_p),
-                            forward=getattr(args, "forward", _E.forward))
+                            forward=getattr(args, "forward", _E.forward), verify=getattr(args, "verify", _E.verify))
     except ValueError as e:
         raise fail(str(e)) from None
 

@@ -13,6 +13,7 @@ import torch
 from .common import (Neural, add_decode_args, add_model_args, add_neural_args, build_engine, copy_config,
                          engine_config, load, parse_method, resolve_budget)
 from ..core.events import hidden_to_list
+from ..core.rules import parse_rule
 from ..core.methods import METHODS
 
 
@@ -42,6 +43,9 @@ def main(argv=None) -> None:
         ap.error(f"the prompt has {len(ids)} tokens; the model's context is {lm.max_length}")
     engine = build_engine(args.method, lm, cfg, copy_config(args), Neural(args, lm), args.seed)
     gen = torch.Generator().manual_seed(args.seed)
+    if parse_rule(cfg.verify).lossy:
+        print(f"note: LOSSY verification ({parse_rule(cfg.verify).label}): the text is not a sample of the target's "
+              "distribution", file=sys.stderr)
     if args.json:
         res = engine.run(ids, gen)
         steps = []
@@ -51,7 +55,9 @@ def main(argv=None) -> None:
                 d["hidden"] = hidden_to_list(e.hidden)
             steps.append(d)
         text = lm.tokenizer.decode(res.token_ids, skip_special_tokens=True)
+        rule = parse_rule(cfg.verify)
         print(json.dumps({"method": args.method, "model": lm.name, "budget": budget, "budget_source": source,
+                          "verify": rule.label, "lossy": rule.lossy,
                           "prompt_tokens": len(ids), "text": text, "token_ids": res.token_ids,
                           "steps": steps, "stats": res.stats}))
         return

@@ -73,8 +73,13 @@ class EngineConfig:
     capture: tuple[tuple[int, str], ...] = ()
     stop_at_eos: bool = True
     forward: str = "auto"
+    verify: str = "lossless"    # the verification rule (switchsd/core/rules.py): lossy ones only at T > 0
 
     def __post_init__(self):
+        from .rules import parse_rule
+        rule = parse_rule(self.verify)                      # ValueError with the reason
+        if rule.lossy and self.sampling.greedy:
+            raise ValueError(f"verification rule {rule.label} applies to sampling: set a temperature > 0")
         if self.forward not in ("auto", "lean", "hf"):
             raise ValueError(f"forward must be auto, lean or hf, got {self.forward!r}")
         if self.max_new_tokens < 1:

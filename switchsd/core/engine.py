@@ -27,7 +27,8 @@ from .events import StepEvent, summarize
 from .policies import Policy, PolicyState
 from ..target.forward import make_target
 from .tree import TokenTree, build_tree, tree_mask, tree_positions
-from .verify import accept_greedy, accept_sampling, target_probs
+from .rules import parse_rule
+from .verify import accept_greedy, accept_rule, accept_sampling, target_probs
 
 
 class ProbeScorer(Protocol):
@@ -50,6 +51,7 @@ class Engine:
                  max_length: int | None = None, probe: ProbeScorer | None = None, cost: VerifyCost | None = None):
         """`cost`: the device's verification cost curve; verify forwards are padded to its cheapest size."""
         self.model, self.policy, self.cfg, self.probe, self.cost = model, policy, cfg, probe, cost
+        self.rule = parse_rule(cfg.verify)
         self.eos = set(int(e) for e in eos_ids) if cfg.stop_at_eos else set()
         self.max_length = max_length or int(getattr(model.config, "max_position_embeddings", 1 << 30))
         sites = list(cfg.capture)
@@ -156,10 +158,14 @@ class Engine:
             # 2. verify all candidates in one forward
             prefix = len(cache)
             logits = self._forward(cache, tree)
+            accept_probs = None
             if sampling.greedy:
                 rows, bonus = accept_greedy(tree, logits.argmax(-1).tolist())
-            else:
+            elif self.rule.name == "lossless":
                 rows, bonus = accept_sampling(tree, lambda r: target_probs(logits[r], sampling).cpu(), generator)
+            else:
+                rows, bonus, accept_probs = accept_rule(tree, lambda r: target_probs(logits[r], sampling).cpu(),
+                                                        generator, self.rule)
             # 3. commit, with EOS / length cuts
             new = [tree.tokens[r] for r in rows] + [bonus]
             finished = None
@@ -195,7 +201,8 @@ class Engine:
                 sources=[parts[owner[i]][0].path for i in tree.cand_index] if len(parts) > 1 else None,
                 bonus=bonus if len(new) == len(rows) + 1 else None,
                 new_tokens=new, position=position, probe_score=score, gate=gate,
-                match=draft.match if parts else None, timings=timings, finished=finished, hidden=hidden)
+                match=draft.match if parts else None, timings=timings, finished=finished, hidden=hidden,
+                rule=None if self.rule.name == "lossless" else self.rule.label, accept_probs=accept_probs)
             self.policy.observe(event)
             yield event
             step += 1

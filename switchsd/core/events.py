@@ -34,6 +34,8 @@ class StepEvent:
     finished: str | None = None     # "eos" | "max_new_tokens" | "context_limit" on the last step
     hidden: dict | None = field(default=None, repr=False)  # site -> [d] at the last processed position
     sources: list[str] | None = None  # path ("copy" | "neural") of each candidate, when several drafters drafted
+    rule: str | None = None         # the verification rule's label when it is not the lossless one ("... (lossy)")
+    accept_probs: list | None = None  # per tree row: the rule's acceptance probability of that drafted token
 
     @property
     def n_verified(self) -> int:

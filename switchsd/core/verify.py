@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from .config import SamplingConfig
+from .rules import Rule, _norm
 from .tree import TokenTree
 
 
@@ -48,6 +49,51 @@ def accept_greedy(tree: TokenTree, argmax: list[int]) -> tuple[list[int], int]:
             return accepted, want
         accepted.append(nxt)
         row = nxt
+
+
+def accept_rule(tree: TokenTree, probs_at: Callable[[int], torch.Tensor], generator: torch.Generator,
+                rule: Rule) -> tuple[list[int], int, list[float | None]]:
+    """Sampling under a verification rule of the lab (switchsd/core/rules.py; lossy unless it reduces to the
+    target). At each node the children are tried in order: child x (q = its draft distribution, or one-hot
+    for a copy draft) is accepted with the rule's probability; after a rejection the node's distribution
+    becomes the rule's residual and the next sibling is tried against it (SpecInfer's multi-draft scheme,
+    with the rule in place of min(1, p/q)); when every child is rejected the bonus is drawn from it.
+    EASD: a child that passes the standard test while both entropies are high and the top-n sets agree is
+    rejected too and replaced from p without it (that ends the step).
+    Returns (accepted rows, bonus token, acceptance probability per tree row: None where not evaluated)."""
+    probs: list[float | None] = [None] * len(tree.tokens)
+    row, accepted = 0, []
+    while True:
+        p = probs_at(row).double()
+        V = p.shape[-1]
+        moved = False
+        for child in tree.children[row]:
+            x, q = tree.tokens[child], tree.q[child]
+            q = torch.zeros(V, dtype=p.dtype).index_fill_(0, torch.tensor([x]), 1.0) if q is None else q.double()
+            u = float(torch.rand((), generator=generator, dtype=torch.float64))
+            if rule.name == "easd":
+                a = float(torch.clamp(p[x] / q[x].clamp_min(1e-30), max=1.0))
+                fires = rule.easd_fires(p, q)
+                probs[child] = 0.0 if fires else a
+                if u < a and fires:
+                    return accepted, int(torch.multinomial(rule.residual(p, q, x), 1, generator=generator)), probs
+                if u < a:
+                    accepted.append(child)
+                    row, moved = child, True
+                    break
+                p = _norm((p - q).clamp_min(0))
+            else:
+                a = float(rule.accept_prob(p, q)[x])
+                probs[child] = a
+                if u < a:
+                    accepted.append(child)
+                    row, moved = child, True
+                    break
+                p = rule.residual(p, q)
+            if float(p.sum()) <= 0:          # nothing left to draw from: the target's own law at this node
+                p = probs_at(row).double()
+        if not moved:
+            return accepted, int(torch.multinomial(p, 1, generator=generator)), probs
 
 
 def accept_sampling(tree: TokenTree, probs_at: Callable[[int], torch.Tensor],
