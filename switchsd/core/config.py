@@ -11,10 +11,14 @@ MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 100.0
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """temperature == 0 means greedy. top_k == 0 and top_p == 1.0 disable those filters."""
+    """temperature == 0 means greedy. top_k == 0 and top_p == 1.0 disable those filters. `min_p` > 0 keeps the
+    tokens with p >= min_p * max p; `eta` > 0 those with p >= min(eta, exp(-H(p))): the truncated-sampling
+    baselines of the verification lab (the same sets as its minp / eta rules)."""
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
+    eta: float = 0.0
 
     def __post_init__(self):
         t = self.temperature
@@ -25,6 +29,9 @@ class SamplingConfig:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        for k in ("min_p", "eta"):
+            if not (0.0 <= getattr(self, k) <= 1.0):
+                raise ValueError(f"{k} must be in [0, 1], got {getattr(self, k)}")
 
     @property
     def greedy(self) -> bool:

@@ -36,7 +36,11 @@ def target_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
         drop = cum - torch.softmax(sorted_logits, dim=-1) >= cfg.top_p  # keep the smallest set reaching top_p
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    return torch.softmax(logits, dim=-1)
+    p = torch.softmax(logits, dim=-1)
+    if cfg.min_p > 0 or cfg.eta > 0:       # truncated sampling: the same allowed sets as the lab's rules
+        rule = Rule("minp", {"p_base": cfg.min_p}) if cfg.min_p > 0 else Rule("eta", {"eps": cfg.eta})
+        p = _norm(p * rule.allowed(p))
+    return p
 
 
 def accept_greedy(tree: TokenTree, argmax: list[int]) -> tuple[list[int], int]:
