@@ -26,10 +26,10 @@ def _fig(data: list[dict], title: str, x: str, y: str, y_range: list[float] | No
     yaxis = dict(title=dict(text=y), **AXIS)
     if y_range is not None:
         yaxis["range"] = y_range
-    return {"data": data, "layout": dict(title=dict(text=title), height=260, margin=dict(l=40, r=10, t=36, b=36),
-                                         xaxis=dict(title=dict(text=x), **AXIS), yaxis=yaxis, font=dict(size=11),
-                                         legend=dict(orientation="h", y=-0.3), plot_bgcolor="white",
-                                         paper_bgcolor="white", **layout)}
+    lay = dict(title=dict(text=title), height=260, margin=dict(l=40, r=10, t=36, b=36),
+               xaxis=dict(title=dict(text=x), **AXIS), yaxis=yaxis, font=dict(size=11),
+               legend=dict(orientation="h", y=-0.3), plot_bgcolor="white", paper_bgcolor="white")
+    return {"data": data, "layout": {**lay, **layout}}
 
 
 def plot_value(fig: Figure) -> PlotData:

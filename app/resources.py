@@ -78,7 +78,8 @@ class Resources:
 
     def engine(self, method: str, max_new_tokens: int, temperature: float = 0.0, tau: float | None = None,
                kappa: int = GateConfig.kappa, width: int = CopyConfig.max_candidates,
-               depth: int = CopyConfig.max_draft_len, gamma: int | None = None, dtype: str | None = None) -> Engine:
+               depth: int = CopyConfig.max_draft_len, gamma: int | None = None, dtype: str | None = None,
+               verify: str = EngineConfig.verify) -> Engine:
         """`gamma` > 0: a fixed neural chain of that length; None / 0: the default shape (NeuralConfig)."""
         for name, v in (("max new tokens", max_new_tokens), ("temperature", temperature), ("tau", tau),
                         ("kappa", kappa), ("W", width), ("D", depth), ("gamma", gamma)):
@@ -87,7 +88,8 @@ class Resources:
         lm = self.lm(dtype)
         try:
             cfg = EngineConfig(max_new_tokens=int(max_new_tokens), budget=load_budget(lm, forward=self.forward)[0],
-                               sampling=SamplingConfig(temperature=float(temperature)), forward=self.forward)
+                               sampling=SamplingConfig(temperature=float(temperature)), forward=self.forward,
+                               verify=verify)
             copy_cfg = CopyConfig(kappa=int(kappa), max_candidates=int(width), max_draft_len=int(depth))
             neural = NeuralConfig(shape="chain", gamma=int(gamma)) if gamma and int(gamma) > 0 else NeuralConfig()
             gate = GateConfig(tau=None if tau is None else float(tau), kappa=int(kappa))

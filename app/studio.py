@@ -5,8 +5,9 @@ import gradio as gr
 
 from switchsd.core.config import CopyConfig, EngineConfig, GateConfig, SamplingConfig
 from switchsd.core.methods import METHODS
+from switchsd.core.rules import RULES
 
-from . import handlers, plots, probelab
+from . import handlers, plots, probelab, verifylab
 from .render import CSS
 from .guard import GUARD
 from .resources import Resources, UserError
@@ -178,6 +179,49 @@ def probe_lab_tab(res: Resources) -> None:
     tau.release(_ui_error(lambda st, t: probelab.render(res, st, t)), [state, tau], view, queue=False)
 
 
+LAB_PROMPT = ("Tom has 7 apples. Tom gets 5 more apples, then gives away 3 apples. How many apples does Tom have "
+              "now? Explain step by step.")
+
+
+def verification_lab_tab(res: Resources) -> gr.Plot:
+    """A verification rule (lossy unless it is `lossless`): acceptance per drafted token, p / q / output bars,
+    and the accuracy-vs-speed Pareto plot of the shipped quality run. Returns that plot (filled on page load)."""
+    with gr.Tab("Verification lab", id="tab-verify"):
+        gr.Markdown("Relax verification and see what it does. Every rule except `lossless` is **lossy**: the text "
+                    "no longer follows the target's distribution. Tokens are coloured by the rule's acceptance "
+                    "probability; pick a position to compare the target p, the EAGLE-3 draft q and the rule's "
+                    "output law there (docs/results.md explains the rules and the measured quality).")
+        with gr.Row():
+            with gr.Column(scale=3):
+                prompt = gr.Textbox(label="Prompt", lines=4, value=LAB_PROMPT, elem_id="vl-prompt")
+            with gr.Column(scale=2):
+                rule = gr.Dropdown(list(RULES), value="lenience", label="Rule", elem_id="vl-rule")
+                knob = gr.Slider(0.0, 5.0, value=0.6, step=0.05, elem_id="vl-knob",
+                                 label="knob: minp p_base · eta eps · lenience l · cos / capped lam · "
+                                       "cos-contrastive mu · easd entropy threshold (nats)")
+                with gr.Row():
+                    temperature = gr.Slider(0.05, 1.5, value=0.7, step=0.05, label="Temperature")
+                    max_new = gr.Slider(8, verifylab.MAX_LAB_TOKENS, value=48, step=1, label="Max new tokens")
+                run = gr.Button("Run", variant="primary", elem_id="vl-run")
+        view = gr.HTML(elem_id="vl-view")
+        pos = gr.Slider(0, verifylab.MAX_LAB_TOKENS - 1, value=0, step=1, label="position (emitted token)",
+                        elem_id="vl-pos")
+        bars = gr.Plot(elem_id="vl-bars", show_label=False)
+        pareto = gr.Plot(elem_id="vl-pareto", show_label=False)
+        state = gr.State(None, time_to_live=STATE_TTL_S)
+
+    def go(p, r, k, t, n):
+        st = verifylab.run(res, p, r, k, t, n)
+        return (st, verifylab.view(res, st), plots.plot_value(verifylab.bars(res, st, 0)),
+                gr.update(maximum=max(1, len(st["tokens"]) - 1), value=0))
+
+    run.click(_ui_error(go), [prompt, rule, knob, temperature, max_new], [state, view, bars, pos],
+              concurrency_limit=1, concurrency_id="device", api_name="verify_lab")
+    pos.change(_ui_error(lambda st, i: plots.plot_value(verifylab.bars(res, st, i))), [state, pos], bars,
+               queue=False)
+    return pareto
+
+
 def inspector_tab(run_state: gr.State, gen_ev) -> None:
     with gr.Tab("Step inspector", id="tab-inspect"):
         with gr.Row():
@@ -199,6 +243,8 @@ def build_demo(res: Resources) -> gr.Blocks:
         race_tab(res, precision, chat)
         probe_lab_tab(res)
         inspector_tab(run_state, gen_ev)
+        pareto = verification_lab_tab(res)
+        demo.load(lambda: plots.plot_value(verifylab.pareto()), None, pareto, queue=False)
         demo.load(empty_plots, None, plot_outputs, queue=False)
         demo.load(res.status, None, model_status, queue=False)        # a page opened after the model loaded
     return demo
