@@ -13,7 +13,8 @@ Specs (comma-separated): a verification rule of switchsd/core/rules.py (`lossles
 `eta:eps=..`, `lenience:l=..`, `cos:lam=..`, `capped:lam=..,c=..`, `cos-contrastive:mu=..`, `easd:tq=..,tp=..`)
 run with `--method`; or a baseline run without speculation: `target` (plain target sampling),
 `target-minp:p_base=..` and `target-eta:eps=..` (target sampling truncated to the same sets: the TRUE baseline of a
-truncation rule). `easd:auto` takes its thresholds from entropy percentiles measured on a separate problem set
+truncation rule); or `smc:n=N,gamma=G[,layers=L,ess=E]`, SMC-SD (switchsd/core/smc.py; approximate) with `--draft`
+or a self-draft of the target's first L layers. `easd:auto` takes its thresholds from entropy percentiles measured on a separate problem set
 (seed 10_000+, `--easd-pct`).
 
 Per spec: exact-match accuracy with a 95% Wilson interval over limit x seeds answers; tokens per target
@@ -37,6 +38,7 @@ from tqdm import tqdm
 from ..cli.common import add_model_args, add_neural_args, build_engine, load, resolve_budget, Neural
 from ..core.config import CopyConfig, EngineConfig, SamplingConfig
 from ..core.rules import entropy, parse_rule
+from ..core.smc import SMCConfig, SMCEngine, self_draft
 from ..io import read_jsonl
 
 SHOTS = ("Question: Mia has 3 pens. Mia gets 5 more pens. How many pens does Mia have now?\nAnswer: 3 + 5 = 8\n\n"
@@ -104,6 +106,16 @@ def spec_engine(spec: str, args, lm, neural: Neural, budget: int, easd: tuple[fl
         cfg = EngineConfig(max_new_tokens=args.max_new_tokens, budget=budget, sampling=SamplingConfig(**sampling))
         return build_engine("vanilla", lm, cfg, CopyConfig(), neural), "target sampling" + (
             f" truncated ({knobs})" if knobs else ""), False
+    if name == "smc":
+        kv = dict(part.split("=") for part in knobs.split(",") if "=" in part)
+        try:
+            cfg = SMCConfig(int(kv.get("n", 4)), int(kv.get("gamma", 4)), args.temperature, args.temperature,
+                            float(kv.get("ess", 0.5)))
+            draft = neural.drafters.draft_model if args.draft else self_draft(lm.model, int(kv.get("layers", 20)))
+        except (ValueError, TypeError) as e:
+            raise SystemExit(f"error: {spec}: {e}") from None
+        return (SMCEngine(lm.model, draft, cfg, args.max_new_tokens, lm.eos_ids(), lm.max_length),
+                f"SMC-SD {knobs} (approximate)", True)
     if name == "easd" and knobs == "auto":
         spec = f"easd:tq={easd[0]:.4f},tp={easd[1]:.4f}"
     try:
@@ -193,7 +205,8 @@ def main(argv=None) -> None:
                                      "tokens": len(res.token_ids), "forwards": len(res.events),
                                      "wall_s": res.stats["wall_s"], "drafted": drafted,
                                      "rejected": drafted - sum(len(e.accepted) for e in res.events),
-                                     "low_p": low_p_count(lm, ids, res.token_ids, args.temperature)}
+                                     "low_p": low_p_count(lm, ids, res.token_ids, args.temperature),
+                                     "resamples": res.stats.get("resamples"), "mean_ess": res.stats.get("mean_ess")}
                         f.write(json.dumps(done[key]) + "\n")
                         f.flush()
                     recs.append(done[key])
@@ -206,6 +219,9 @@ def main(argv=None) -> None:
                              "tok_s": toks / max(1e-9, sum(r["wall_s"] for r in recs)),
                              "low_p_rate": sum(r["low_p"] for r in recs) / max(1, toks),
                              "rejected_share": sum(r["rejected"] for r in recs) / max(1, sum(r["drafted"] for r in recs))}
+            if recs and recs[0].get("mean_ess") is not None:
+                summary[spec].update(mean_ess=sum(r["mean_ess"] for r in recs) / n,
+                                     resample_rate=sum(r["resamples"] for r in recs) / max(1, sum(r["forwards"] for r in recs)))
     bar.close()
     meta = {"method": args.method, "temperature": args.temperature, "limit": len(items), "seeds": args.seeds,
             "max_new_tokens": args.max_new_tokens, "model": lm.name, "dtype": str(lm.dtype), "budget": budget,
