@@ -1,6 +1,7 @@
 """The studio through its API (gradio_client) and the HTML builder against hostile model text."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,17 @@ def test_plot_dicts_are_valid_plotly_figures():
     assert sum(len(t["x"]) for t in acc["data"]) == 30
     assert figs[1]["layout"]["shapes"][1]["y0"] == 0.4 and len(figs[1]["data"][1]["x"]) == \
         sum(e.path == "copy" for e in evs)
+
+
+@pytest.mark.real
+def test_api_verification_lab_labels_lossy_rules(server):
+    from gradio_client import Client
+    c = Client(server.url, verbose=False)
+    view, bars, pos = c.predict("Tom has 7 apples and gets 5 more. How many?", "minp", 0.3, 0.7, 12,
+                                api_name="/verify_lab")          # (the state output stays on the server)
+    assert "LOSSY" in view and "minp:p_base=0.3" in view and 'class="tok' in view
+    assert "position 0" in json.dumps(bars)
+    view = c.predict("Say hello.", "lossless", 0.5, 0.7, 8, api_name="/verify_lab")[0]
+    assert "lossless</b>: the output follows the target" in view
+    with pytest.raises(Exception, match="l must be in"):
+        c.predict("Say hello.", "lenience", 0.0, 0.7, 8, api_name="/verify_lab")

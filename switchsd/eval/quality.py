@@ -206,7 +206,10 @@ def main(argv=None) -> None:
                                      "wall_s": res.stats["wall_s"], "drafted": drafted,
                                      "rejected": drafted - sum(len(e.accepted) for e in res.events),
                                      "low_p": low_p_count(lm, ids, res.token_ids, args.temperature),
-                                     "resamples": res.stats.get("resamples"), "mean_ess": res.stats.get("mean_ess")}
+                                     "resamples": res.stats.get("resamples"), "mean_ess": res.stats.get("mean_ess"),
+                                     # drafted tokens the rule evaluated, and those given probability 0 (EASD: fired)
+                                     "evaluated": sum(a is not None for e in res.events for a in e.accept_probs or []),
+                                     "zero_prob": sum(a == 0.0 for e in res.events for a in e.accept_probs or [])}
                         f.write(json.dumps(done[key]) + "\n")
                         f.flush()
                     recs.append(done[key])
@@ -219,6 +222,9 @@ def main(argv=None) -> None:
                              "tok_s": toks / max(1e-9, sum(r["wall_s"] for r in recs)),
                              "low_p_rate": sum(r["low_p"] for r in recs) / max(1, toks),
                              "rejected_share": sum(r["rejected"] for r in recs) / max(1, sum(r["drafted"] for r in recs))}
+            if spec.startswith("easd") and all("zero_prob" in r for r in recs):
+                summary[spec]["trigger_rate"] = (sum(r["zero_prob"] for r in recs) /
+                                                 max(1, sum(r["evaluated"] for r in recs)))
             if recs and recs[0].get("mean_ess") is not None:
                 summary[spec].update(mean_ess=sum(r["mean_ess"] for r in recs) / n,
                                      resample_rate=sum(r["resamples"] for r in recs) / max(1, sum(r["forwards"] for r in recs)))
