@@ -153,7 +153,7 @@ def pareto(path: Path = QUALITY) -> dict:
     fam = lambda k: k.split(":")[0]          # noqa: E731
     colors = {"lossless": "#212529", "target": "#868e96", "target-minp": "#adb5bd", "target-eta": "#ced4da",
               "minp": "#1c7ed6", "eta": "#4dabf7", "lenience": "#2f9e44", "cos": "#e8590c", "capped": "#7048e8",
-              "easd": "#c2255c", "cos-contrastive": "#f59f00"}
+              "easd": "#c2255c", "cos-contrastive": "#f59f00", "smc": "#0ca678"}
     data = []
     for f in colors:
         pts = [(k, v) for k, v in rules.items() if fam(k) == f]

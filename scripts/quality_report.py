@@ -36,9 +36,9 @@ def main() -> None:
     print("| spec | accuracy (95% CI) | tok/fwd | Tok/s | low-p rate | rejected | extra |\n|---|---|---|---|---|---|---|")
     for spec, s in merged["rules"].items():
         extra = ", ".join(f"{k} {s[k]:.3f}" for k in ("trigger_rate", "mean_ess", "resample_rate") if k in s)
+        rej = f"{s['rejected_share']:.2f}" if s["rejected_share"] >= 0 else "n/a (no rejection)"
         print(f"| {s['label']} | {s['accuracy']:.3f} ({s['ci'][0]:.3f}-{s['ci'][1]:.3f}) | "
-              f"{s['tokens_per_forward']:.2f} | {s['tok_s']:.1f} | {s['low_p_rate']:.4f} | {s['rejected_share']:.2f} |"
-              f" {extra} |")
+              f"{s['tokens_per_forward']:.2f} | {s['tok_s']:.1f} | {s['low_p_rate']:.4f} | {rej} | {extra} |")
     for m in merged["meta"]:
         print(f"\n`{m['command']}`")
 

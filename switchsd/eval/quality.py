@@ -204,7 +204,7 @@ def main(argv=None) -> None:
                         done[key] = {"spec": spec, "seed": seed, "i": i, "correct": parse_answer(text) == item["answer"],
                                      "tokens": len(res.token_ids), "forwards": len(res.events),
                                      "wall_s": res.stats["wall_s"], "drafted": drafted,
-                                     "rejected": drafted - sum(len(e.accepted) for e in res.events),
+                                     "rejected": max(0, drafted - sum(len(e.accepted) for e in res.events)),
                                      "low_p": low_p_count(lm, ids, res.token_ids, args.temperature),
                                      "resamples": res.stats.get("resamples"), "mean_ess": res.stats.get("mean_ess"),
                                      # drafted tokens the rule evaluated, and those given probability 0 (EASD: fired)
