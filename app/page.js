@@ -149,3 +149,13 @@ document.addEventListener('mouseover', function(e){
     var el = root.querySelector('[data-pos="' + i + '"]'); if (el) el.classList.add('src-hi');
   }
 });
+// Verification lab: clicking a token picks its position (sets the position slider's number box).
+document.addEventListener('click', function(e){
+  var t = e.target.closest && e.target.closest('#vl-view .tok[data-pos]');
+  if(!t) return;
+  var box = document.querySelector('#vl-pos input[type=number]'); if(!box) return;
+  box.value = t.getAttribute('data-pos');
+  ['input', 'change'].forEach(function(k){ box.dispatchEvent(new Event(k, {bubbles: true})); });
+  box.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter', bubbles: true}));
+  box.dispatchEvent(new Event('blur', {bubbles: true}));
+});

@@ -156,7 +156,7 @@ def pareto(path: Path = QUALITY) -> dict:
               "easd": "#c2255c", "cos-contrastive": "#f59f00", "smc": "#0ca678"}
     data = []
     for f in colors:
-        pts = [(k, v) for k, v in rules.items() if fam(k) == f]
+        pts = sorted(((k, v) for k, v in rules.items() if fam(k) == f), key=lambda kv: kv[1]["tokens_per_forward"])
         if pts:
             data.append(dict(type="scatter", mode="markers+lines" if len(pts) > 1 else "markers", name=f,
                              x=[v["tokens_per_forward"] for _, v in pts], y=[v["accuracy"] for _, v in pts],

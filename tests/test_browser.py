@@ -121,3 +121,19 @@ def test_stop_ends_the_run_with_what_was_written(page):
                            timeout=60_000)
     assert page.locator("#tokens .tok").count() > 0
     assert page.locator("canvas.ssd-live").count() == 0
+
+
+def test_verification_lab_click_a_token(page):
+    """Run a lossy rule, see the LOSSY badge, click a token: the bars move to that position."""
+    page.get_by_role("tab", name="Verification lab").click()
+    page.wait_for_selector("#vl-run", timeout=30_000)
+    page.locator("#vl-run").click()
+    page.wait_for_selector("#vl-view .tok[data-pos]", timeout=180_000)
+    assert "LOSSY" in page.locator("#vl-view").inner_text()
+    toks = page.locator("#vl-view .tok[data-pos]")
+    pos = min(5, toks.count() - 1)
+    assert pos > 0
+    toks.nth(pos).click()
+    page.wait_for_function("(document.querySelector('#vl-bars') || {}).innerText?.includes("
+                           f"'position {pos}')", timeout=30_000)
+    shot(page, "verification_lab")
