@@ -17,9 +17,8 @@ from switchsd.core.events import StepEvent, summarize
 from . import plots
 from .live import BOARD
 from .render import token_spans, tokens_html
-from .resources import Resources, UserError
+from .resources import MAX_PROMPT_CHARS, Resources, UserError
 
-MAX_PROMPT_CHARS = 20000
 MAX_NEW_TOKENS = 1024
 # Every frame costs CPU twice: here (HTML, figure dicts, serialisation) and in the browser (DOM, drawing), and on
 # a small machine the browser shares the cores with the model. So figures are plain dicts (plots.py: building

@@ -7,10 +7,9 @@ from probes.labels import ALIGN, copy_labels
 from switchsd.target.capture import HiddenCapture
 
 from .render import heat_strip
-from .resources import Resources, UserError
+from .resources import MAX_PROMPT_CHARS, Resources, UserError
 
 MAX_TEXT_TOKENS = 2048
-MAX_TEXT_CHARS = 20000      # checked before tokenising (a token is >= 1 character of text here)
 LAB_NEW_TOKENS = 128
 
 
@@ -29,8 +28,8 @@ def score_text(res: Resources, probes: list, names: list[str], text: str, genera
     the threshold slider re-colours without recomputing."""
     if not isinstance(text, str) or not text.strip():
         raise UserError("Paste some text (or a prompt to generate from) first.")
-    if len(text) > MAX_TEXT_CHARS:
-        raise UserError(f"The text has {len(text)} characters; the probe lab takes at most {MAX_TEXT_CHARS}.")
+    if len(text) > MAX_PROMPT_CHARS:
+        raise UserError(f"The text has {len(text)} characters; the probe lab takes at most {MAX_PROMPT_CHARS}.")
     if not probes:
         raise UserError("Choose at least one probe.")
     lm = res.lm()

@@ -17,6 +17,7 @@ from switchsd.core.probe import Probe, ProbeError, load_probe
 from .worker import TorchThread
 
 PROBE_DIR = Path(__file__).resolve().parents[1] / "probes"
+MAX_PROMPT_CHARS = 20000       # every tab checks its text against this before tokenising it
 
 
 class UserError(ValueError):

@@ -17,7 +17,7 @@ from switchsd.core.config import SamplingConfig
 from switchsd.core.rules import RULES, Rule, overshoot_ratio
 
 from .render import token_text
-from .resources import Resources, UserError
+from .resources import MAX_PROMPT_CHARS, Resources, UserError
 
 LAB_METHOD = "eagle3@chain4"
 # the knob the lab's slider moves, per rule (the others keep their defaults; capped keeps c = 2)
@@ -47,8 +47,8 @@ def run(res: Resources, prompt: str, rule_name: str, knob: float | None, tempera
     """Decode with the rule (torch thread); returns the state the view and the bars read."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise UserError("Write a prompt first.")
-    if len(prompt) > 20000:
-        raise UserError(f"The prompt has {len(prompt)} characters; the lab takes at most 20000.")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise UserError(f"The prompt has {len(prompt)} characters; the lab takes at most {MAX_PROMPT_CHARS}.")
     rule = make_rule(rule_name, knob)
     if not (isinstance(temperature, (int, float)) and 0.05 <= float(temperature) <= 2.0):
         raise UserError("temperature must be between 0.05 and 2 (verification rules relax *sampling*)")
@@ -87,11 +87,8 @@ def _distributions(res: Resources, ids: list[int], toks: list[int], temperature:
     seq = ids + toks
     out = lm.model(input_ids=torch.tensor([seq], device=lm.device), output_hidden_states=True)
     P = torch.softmax(out.logits[0, len(ids) - 1:-1].float() / temperature, -1)                  # [n, V]
-    feats = torch.cat([out.hidden_states[s[0] + 1][0, :-1] for s in d.sites], -1)              # [T-1, 3H]
-    h = head.fc(feats.to(head.fc.weight.dtype))[None]
-    emb = d._embed(torch.tensor(seq[1:], device=lm.device))[None]
-    o, _, _ = head.step(emb, h, torch.arange(len(seq) - 1, device=lm.device), None, None, None)
-    Q = d._dist(o[0, len(ids) - 1:]).float()                                                     # [n, V]
+    # emitted token j was drafted (if at all) from q_along's row j - 2 (features at j - 2, pending token j - 1)
+    Q = d.q_along(out.hidden_states, seq)[len(ids) - 2:len(seq) - 2].float()                   # [n, V]
     sparse = lambda M: [(v.topk(k).indices.tolist(), v.topk(k).values.tolist()) for v in M]    # noqa: E731
     return sparse(P), sparse(Q)
 

@@ -255,3 +255,18 @@ def test_loader_speculators_layout_and_clear_config_errors(tmp_path, target):
     (folder / "config.json").write_text("[1, 2]")
     with pytest.raises(Eagle3LoadError, match="JSON object"):
         load_eagle3(str(folder), target)
+
+
+def test_q_along_is_the_q_the_drafter_draws_from(target, head):
+    """Row t of q_along is the law the drafter's first token comes from when token t+1 is pending: the
+    studio's verification lab and the EASD calibration read q this way."""
+    g = torch.Generator().manual_seed(9)
+    toks = torch.randint(0, V, (14,), generator=g).tolist()
+    hs = target(input_ids=torch.tensor([toks]), output_hidden_states=True).hidden_states
+    from switchsd.core.config import SamplingConfig
+    d = Eagle3Drafter(head, target, chain=True, gamma=1, sampling=SamplingConfig(0.7))
+    qa = d.q_along(hs, toks)                                                  # [T-1, V]
+    for L in (5, 9, 14):                                                      # pending token L-1
+        d.reset(toks[:L])
+        d.add_features({s: hs[s[0] + 1][0, :L - 1] for s in d.sites})
+        assert torch.allclose(d._dist(d._catch_up()), qa[L - 2], atol=1e-12)

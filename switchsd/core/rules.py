@@ -31,7 +31,7 @@ def entropy(p: torch.Tensor) -> torch.Tensor:
     return -(p * p.clamp_min(EPS).log()).sum(-1)
 
 
-def _norm(x: torch.Tensor) -> torch.Tensor:
+def normalise(x: torch.Tensor) -> torch.Tensor:
     s = x.sum(-1, keepdim=True)
     return torch.where(s > 0, x / s.clamp_min(EPS), torch.zeros_like(x))
 
@@ -94,7 +94,7 @@ class Rule:
         if self.name == "cos-contrastive":        # unverified form (the paper's formula could not be read)
             mu = self.get("mu")
             logr = (1 + mu) * p.clamp_min(EPS).log() - mu * q.clamp_min(1e-6).log()
-            return _norm(torch.where(p > 0, torch.exp(logr - logr.max(-1, keepdim=True).values), torch.zeros_like(p)))
+            return normalise(torch.where(p > 0, torch.exp(logr - logr.max(-1, keepdim=True).values), torch.zeros_like(p)))
         if self.name == "capped":
             lam, c = self.get("lam"), self.get("c")
             m = torch.minimum(lam * p + (1 - lam) * q, c * p)           # the ensemble, capped at c x the target
@@ -116,11 +116,11 @@ class Rule:
         if self.name in ("minp", "eta"):
             return p
         if self.name == "lenience":                 # the residual of the UNSCALED q (paper Eq. 7)
-            return _norm((p - q).clamp_min(0))
+            return normalise((p - q).clamp_min(0))
         if self.name == "easd" and x is not None and self.easd_fires(p, q):
-            return _norm(p.clone().index_fill_(-1, torch.tensor([x], device=p.device), 0.0))
+            return normalise(p.clone().index_fill_(-1, torch.tensor([x], device=p.device), 0.0))
         r = self.target(p, q)
-        return _norm((r - q).clamp_min(0))
+        return normalise((r - q).clamp_min(0))
 
     def easd_fires(self, p: torch.Tensor, q: torch.Tensor) -> bool:
         """Both distributions uncertain (entropy above their thresholds) and their top-n sets overlapping."""
@@ -134,7 +134,7 @@ class Rule:
         """The exact law of the emitted token [V] (one position, x ~ q)."""
         if self.name == "easd" and self.easd_fires(p, q):
             passed = torch.minimum(p, q)                          # x accepted by the standard test ...
-            out = (1 - passed.sum()) * _norm((p - q).clamp_min(0))
+            out = (1 - passed.sum()) * normalise((p - q).clamp_min(0))
             for x in torch.nonzero(passed > 0).flatten().tolist():   # ... then replaced from p without x
                 out = out + passed[x] * self.residual(p, q, x)
             return out
@@ -142,9 +142,23 @@ class Rule:
         keep = q * a
         return keep + (1 - keep.sum(-1, keepdim=True)).clamp_min(0) * self.residual(p, q)
 
+    def judge(self, p: torch.Tensor, q: torch.Tensor, x: int, u: float) -> tuple[float, bool, torch.Tensor, bool]:
+        """One drafted token x ~ q against p, with the uniform u: (its acceptance probability as recorded,
+        accepted, the law to go on with, final). After a rejection the node's law becomes that residual (the
+        next sibling is tried against it, or the bonus is drawn from it); `final` (EASD's second rejection of
+        an accepted token): the replacement is drawn from it and the step ends."""
+        if self.name == "easd":
+            a = float(torch.clamp(p[x] / q[x].clamp_min(EPS), max=1.0))
+            fires = self.easd_fires(p, q)
+            if u < a:
+                return (0.0, False, self.residual(p, q, x), True) if fires else (a, True, p, False)
+            return (0.0 if fires else a), False, normalise((p - q).clamp_min(0)), False
+        a = float(self.accept_prob(p, q)[x])
+        return (a, True, p, False) if u < a else (a, False, self.residual(p, q), False)
+
     def accepted(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """Law of the drafted tokens that pass the test (truncation rules: q 1_A / Z_A)."""
-        return _norm(q * self.accept_prob(p, q))
+        return normalise(q * self.accept_prob(p, q))
 
 
 def overshoot_ratio(rule: Rule, p: torch.Tensor, q: torch.Tensor) -> float:
@@ -196,13 +210,5 @@ def sample_position(rule: Rule, p: torch.Tensor, q: torch.Tensor, generator: tor
     if x is None:
         x = int(torch.multinomial(q, 1, generator=generator))
     u = float(torch.rand((), generator=generator, dtype=torch.float64))
-    if rule.name == "easd":
-        passed = u < float(torch.clamp(p[x] / q[x].clamp_min(EPS), max=1.0))
-        if passed and not rule.easd_fires(p, q):
-            return x, True
-        res = rule.residual(p, q, x) if passed else _norm((p - q).clamp_min(0))
-    else:
-        if u < float(rule.accept_prob(p, q)[x]):
-            return x, True
-        res = rule.residual(p, q)
-    return int(torch.multinomial(res, 1, generator=generator)), False
+    _, ok, law, _ = rule.judge(p, q, x, u)
+    return (x, True) if ok else (int(torch.multinomial(law, 1, generator=generator)), False)

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from .config import SamplingConfig
-from .rules import Rule, _norm
+from .rules import Rule, normalise
 from .tree import TokenTree
 
 
@@ -39,7 +39,7 @@ def target_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     p = torch.softmax(logits, dim=-1)
     if cfg.min_p > 0 or cfg.eta > 0:       # truncated sampling: the same allowed sets as the lab's rules
         rule = Rule("minp", {"p_base": cfg.min_p}) if cfg.min_p > 0 else Rule("eta", {"eps": cfg.eta})
-        p = _norm(p * rule.allowed(p))
+        p = normalise(p * rule.allowed(p))
     return p
 
 
@@ -75,27 +75,14 @@ def accept_rule(tree: TokenTree, probs_at: Callable[[int], torch.Tensor], genera
             x, q = tree.tokens[child], tree.q[child]
             q = torch.zeros(V, dtype=p.dtype).index_fill_(0, torch.tensor([x]), 1.0) if q is None else q.double()
             u = float(torch.rand((), generator=generator, dtype=torch.float64))
-            if rule.name == "easd":
-                a = float(torch.clamp(p[x] / q[x].clamp_min(1e-30), max=1.0))
-                fires = rule.easd_fires(p, q)
-                probs[child] = 0.0 if fires else a
-                if u < a and fires:
-                    return accepted, int(torch.multinomial(rule.residual(p, q, x), 1, generator=generator)), probs
-                if u < a:
-                    accepted.append(child)
-                    row, moved = child, True
-                    break
-                p = _norm((p - q).clamp_min(0))
-            else:
-                a = float(rule.accept_prob(p, q)[x])
-                probs[child] = a
-                if u < a:
-                    accepted.append(child)
-                    row, moved = child, True
-                    break
-                p = rule.residual(p, q)
-            if float(p.sum()) <= 0:          # nothing left to draw from: the target's own law at this node
-                p = probs_at(row).double()
+            probs[child], ok, law, final = rule.judge(p, q, x, u)
+            if ok:
+                accepted.append(child)
+                row, moved = child, True
+                break
+            if final:
+                return accepted, int(torch.multinomial(law, 1, generator=generator)), probs
+            p = law if float(law.sum()) > 0 else probs_at(row).double()    # nothing left: the target's own law
         if not moved:
             return accepted, int(torch.multinomial(p, 1, generator=generator)), probs
 

@@ -78,6 +78,19 @@ class Eagle3Drafter:
         self.last_out = out[0, -1]
         return self.last_out
 
+    @torch.inference_mode()
+    def q_along(self, hidden_states, tokens: Sequence[int]) -> torch.Tensor:
+        """The head's one-step draft law over the target vocabulary at every position of a teacher-forced
+        sequence, [T-1, V]: row t pairs the target features at t with token t+1 and gives the q of token t+2,
+        the law a step whose pending token is t+1 draws its first token from. `hidden_states`: the target's
+        output_hidden_states over `tokens` (T of them). The drafter's own state is not touched."""
+        dev = self.head.fc.weight.device
+        g = torch.cat([hidden_states[s[0] + 1][0, :-1].to(dev) for s in self.sites], -1)        # [T-1, 3Ht]
+        h = self.head.fc(g.to(self.head.fc.weight.dtype))[None]
+        emb = self._embed(torch.tensor(list(tokens[1:]), device=self.embed.weight.device))[None]
+        out, _, _ = self.head.step(emb, h, torch.arange(len(tokens) - 1, device=dev), None, None, None)
+        return self._dist(out[0])
+
     def _embed(self, toks: torch.Tensor) -> torch.Tensor:
         """Target token embeddings [..., H] on the head's device (the embedding may live on another GPU)."""
         return self.embed(toks.to(self.embed.weight.device)).to(self.head.fc.weight.device)

@@ -150,10 +150,7 @@ def easd_thresholds(lm, neural: Neural, args, pct: float) -> tuple[float, float]
         hs = lm.model(input_ids=torch.tensor([ids], device=lm.device), output_hidden_states=True)
         p = torch.softmax(hs.logits[0].float() / args.temperature, -1)                    # [T, V]
         hp += entropy(p[len(ids) // 2:]).tolist()
-        drafter.reset(ids)
-        drafter.add_features({s: hs.hidden_states[s[0] + 1][0, :-1] for s in drafter.sites})
-        out = drafter._catch_up()
-        hq.append(float(entropy(drafter._dist(out).float())))
+        hq.append(float(entropy(drafter.q_along(hs.hidden_states, ids)[-1].float())))    # the first draft's q
     q = lambda xs: float(torch.tensor(xs).quantile(pct / 100))       # noqa: E731
     return q(hq), q(hp)
 
