@@ -164,6 +164,9 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
             s = summarize(events, now - t0)
             if done:                        # the final frame: everything through Gradio, the board closes
                 note = f" · drawing {100 * ui_total / (now - t0):.0f}% of the time"
+                if getattr(engine, "approximate", False):
+                    note = (" · <b>APPROXIMATE</b> (SMC-SD: a sample of the target's law only as the particles grow; "
+                            f"mean ESS {(events[0].gate or {}).get('mean_ess', 0):.2f})") + note
                 out = [t for x in events for t in x.new_tokens]
                 if float(temperature) == 0.0 and method == "vanilla":
                     res.remember_vanilla(vkey, out, s["tok_s"])

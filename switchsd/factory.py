@@ -18,11 +18,13 @@ import torch
 
 from .target.calibrate import device_cost
 from .target.forward import resolve_forward
-from .core.config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, TreeConfig
+from .core.config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, SMCConfig, TreeConfig
 from .core.costs import VerifyCost
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.eagle3 import Eagle3Drafter
 from .drafters.eagle3_model import Eagle3LoadError, load_eagle3
+from .drafters.particles import Eagle3Particles, ModelParticles
+from .core.smc import SMCEngine, self_draft
 from .core.engine import Engine
 from .core.methods import METHODS, NEEDS_NEURAL, NEEDS_PROBE, NEURAL_METHODS, build_policy, uses_cost_gate
 from .target.models import DEFAULT_MODEL, LoadedModel, ModelLoadError, load_model
@@ -100,7 +102,8 @@ class Drafters:
 
 def parse_method(spec: str) -> tuple[str, dict]:
     """'eagle3@chain4' -> ('eagle3', {shape: chain, gamma: 4}); 'switchsd@tree4x5x24' -> the tree;
-    '+'-joined extras: 'kN' (copy kappa), 'tX' (probe tau), e.g. 'switchsd@chain1+k3+t0.4'."""
+    '+'-joined extras: 'kN' (copy kappa), 'tX' (probe tau), 'pN' (SMC particles), e.g. 'switchsd@chain1+k3+t0.4',
+    'smc@chain4+p8'."""
     spec = spec.strip()
     base = re.split(r"[@+]", spec, maxsplit=1)[0]
     var = spec[len(base) + 1:]
@@ -116,9 +119,13 @@ def parse_method(spec: str) -> tuple[str, dict]:
             out["kappa"] = int(m[1])
         elif m := re.fullmatch(r"t(\d*\.?\d+)", part):
             out["tau"] = float(m[1])
+        elif (m := re.fullmatch(r"p(\d+)", part)) and base == "smc":
+            out["particles"] = int(m[1])
         else:
             raise SetupError(f"bad method variant {spec!r}: use NAME@chainG or NAME@treeKxDxN, "
-                             "optionally +kN (kappa) +tX (tau)")
+                             "optionally +kN (kappa) +tX (tau); smc: smc@chainG+pN")
+    if base == "smc" and (out.keys() - {"shape", "gamma", "particles"} or out.get("shape") == "tree"):
+        raise SetupError(f"bad smc variant {spec!r}: smc@chainG (drafts per cycle) +pN (particles)")
     if "tau" in out and base not in NEEDS_PROBE:
         raise SetupError(f"+t (probe tau) only applies to {', '.join(NEEDS_PROBE)}, not {base}")
     return base, out
@@ -145,11 +152,15 @@ def build_engine(method: str, lm: LoadedModel, drafters: Drafters | None = None,
                  engine: EngineConfig = EngineConfig(), copy_cfg: CopyConfig = CopyConfig(),
                  neural: NeuralConfig = NeuralConfig(), gate: GateConfig = GateConfig(),
                  cost: VerifyCost | str | None = "auto", fallback: str = "eagle3",
-                 seed: int = 0) -> Engine:
+                 seed: int = 0, smc: SMCConfig = SMCConfig()) -> Engine | SMCEngine:
     """`cost`: the device's verification cost curve ("auto": the calibrated one, measured now if missing;
     None: no padding, and the cost gate assumes verification is free, as on a large GPU).
-    `fallback`: the neural drafter copyspec falls back to when it is at hand."""
+    `fallback`: the neural drafter copyspec falls back to (and SMC-SD drafts with) when it is at hand."""
     name, variant = parse_method(method)
+    if name == "smc":
+        if variant.get("shape") != "chain" and neural.shape == "chain":      # --chain --gamma G / the studio's gamma
+            variant = {**variant, "gamma": neural.gamma}
+        return smc_engine(lm, drafters or Drafters(lm), engine, smc, variant, fallback)
     copy_cfg, neural, gate = _with_variant(variant, copy_cfg, neural, gate)
     if name.endswith("-paper"):
         gate = replace(gate, mode="paper")
@@ -177,3 +188,28 @@ def build_engine(method: str, lm: LoadedModel, drafters: Drafters | None = None,
     except ValueError as e:
         raise SetupError(str(e)) from None
     return Engine(lm.model, policy, engine, lm.eos_ids(), lm.max_length, probe=probe, cost=cost)
+
+
+def smc_engine(lm: LoadedModel, drafters: Drafters, engine: EngineConfig, smc: SMCConfig, variant: dict,
+               kind: str) -> SMCEngine:
+    """SMC-SD (approximate): particles drafted by the EAGLE-3 head (`kind` eagle3), the SPS model (sps) or the
+    target's first layers (smc.self_draft_layers), at the engine's temperature."""
+    s = engine.sampling
+    if s.greedy:
+        raise SetupError("smc (SMC-SD) samples: set a temperature > 0 (it has no greedy mode)")
+    if s.top_k or s.top_p < 1 or s.min_p or s.eta:
+        raise SetupError("smc weights particles by the full laws p / q: top-k, top-p, min-p and eta do not apply")
+    if engine.verify != "lossless":
+        raise SetupError("smc has its own (approximate) acceptance: --verify does not apply to it")
+    try:
+        cfg = replace(smc, gamma=variant.get("gamma", smc.gamma), n_particles=variant.get("particles", smc.n_particles),
+                      draft_temperature=s.temperature, target_temperature=s.temperature)
+        if cfg.self_draft_layers:
+            drafter = ModelParticles(self_draft(lm.model, cfg.self_draft_layers), s.temperature)
+        elif kind == "sps":
+            drafter = ModelParticles(drafters.draft_model, s.temperature)
+        else:
+            drafter = Eagle3Particles(drafters.head, lm.model, s.temperature)
+    except ValueError as e:          # SetupError is one too
+        raise SetupError(str(e)) from None
+    return SMCEngine(lm.model, drafter, cfg, engine.max_new_tokens, lm.eos_ids(), lm.max_length)

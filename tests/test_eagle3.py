@@ -270,3 +270,40 @@ def test_q_along_is_the_q_the_drafter_draws_from(target, head):
         d.reset(toks[:L])
         d.add_features({s: hs[s[0] + 1][0, :L - 1] for s in d.sites})
         assert torch.allclose(d._dist(d._catch_up()), qa[L - 2], atol=1e-12)
+
+
+def test_smc_particles_draw_from_the_heads_own_laws(target, head):
+    """SMC-SD's EAGLE-3 particles (drafters/particles.py): each cycle's first draft law equals q_along (the head fed
+    the target's features of every kept position), the in-cycle drafts equal Eagle3Drafter's chain laws, and
+    particles that resample carry their ancestor's state."""
+    from switchsd.core.config import SamplingConfig
+    from switchsd.drafters.particles import Eagle3Particles
+    g = torch.Generator().manual_seed(4)
+    toks = torch.randint(0, V, (16,), generator=g).tolist()
+    hs = target(input_ids=torch.tensor([toks]), output_hidden_states=True).hidden_states
+    qa = Eagle3Drafter(head, target, chain=True, gamma=1, sampling=SamplingConfig(0.7)).q_along(hs, toks)
+    P = Eagle3Particles(head, target, 0.7)
+    L, gamma = 8, 3
+    P.start(toks[:L - 1], torch.tensor([toks[L - 1]] * 2), tuple(h[:, :L - 1] for h in hs))
+    q = P.draft(torch.tensor([toks[L - 1]] * 2))
+    assert torch.allclose(q.double(), qa[L - 2].expand(2, -1), atol=1e-6)
+    # in-cycle drafts: the chain drafter's own draft (its tokens and laws); the particles fed the same tokens agree
+    d = Eagle3Drafter(head, target, chain=True, gamma=gamma, sampling=SamplingConfig(0.7),
+                      generator=torch.Generator().manual_seed(1))
+    d.reset(toks[:L])
+    d.add_features({s: hs[s[0] + 1][0, :L - 1] for s in d.sites})
+    draft = d.propose(DraftRequest(tokens=toks[:L], max_len=gamma, budget=8))
+    xs, laws = draft.candidates[0], draft.q[0]
+    assert torch.allclose(laws[0].double(), q[0].double(), atol=1e-6)
+    for j in range(1, gamma):
+        assert torch.allclose(P.draft(torch.tensor([xs[j - 1]] * 2)).double(), laws[j].double().expand(2, -1),
+                              atol=1e-6)
+    toks = toks[:L] + xs + toks[L + gamma:]
+    hs = target(input_ids=torch.tensor([toks]), output_hidden_states=True).hidden_states
+    qa = Eagle3Drafter(head, target, chain=True, gamma=1, sampling=SamplingConfig(0.7)).q_along(hs, toks)
+    # the cycle ends: the target verified (pending, drafts); the next cycle's first law is q_along again
+    block = torch.tensor([toks[L - 1:L + gamma]] * 2)
+    P.observe(block, tuple(h[:, L - 1:L + gamma].expand(2, -1, -1) for h in hs))
+    P.reorder(torch.tensor([1, 1]))
+    q = P.draft(torch.tensor([toks[L + gamma]] * 2))
+    assert torch.allclose(q.double(), qa[L + gamma - 1].expand(2, -1), atol=1e-6)

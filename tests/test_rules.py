@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from switchsd.core.rules import RULES, Rule, entropy, overshoot_ratio, parse_rule, sample_position
+from switchsd.core.rules import RULES, Rule, entropy, overshoot_mass, overshoot_ratio, parse_rule, sample_position
 
 V = 12
 
@@ -78,6 +78,26 @@ def test_lenience_caps_the_overshoot_and_the_ensemble_does_not():
     for seed in range(20):                                                              # and on random pairs
         p2, q2 = dists(seed, sharp=3.0)
         assert overshoot_ratio(Rule("capped", {"lam": 0.2, "c": 2.0}), p2, q2) <= 3.0 + 1e-9
+
+
+def test_overshoot_mass_bounds():
+    """Mass emitted above p on {q > p}: 0 for the lossless limits; at most (1/l - 1) p(over) for lenience and
+    c p(over) for capped (their caps); CoS's ensemble puts ~(1 - lam) q(x) on a token with p ~ 0."""
+    p = torch.tensor([0.5, 0.3, 0.199999, 1e-6], dtype=torch.float64)
+    q = torch.tensor([0.1, 0.1, 0.3, 0.5], dtype=torch.float64)
+    assert overshoot_mass(Rule("cos", {"lam": 0.6}), p, q) > 0.4 * 0.5 * 0.9
+    for seed in range(20):
+        p2, q2 = dists(seed, sharp=3.0)
+        over = float(p2[q2 > p2].sum())
+        for lossless in (Rule("lossless"), Rule("lenience", {"l": 1.0}), Rule("cos", {"lam": 1.0})):
+            assert overshoot_mass(lossless, p2, q2) < 1e-12
+        for l in (0.2, 0.6):
+            assert overshoot_mass(Rule("lenience", {"l": l}), p2, q2) <= (1 / l - 1) * over + 1e-12
+        assert overshoot_mass(Rule("capped", {"lam": 0.2, "c": 2.0}), p2, q2) <= 2.0 * over + 1e-12
+        # the definition, computed directly
+        out = Rule("cos", {"lam": 0.4}).output(p2, q2)
+        direct = sum(float(out[x] - p2[x]) for x in range(V) if q2[x] > p2[x] and out[x] > p2[x])
+        assert overshoot_mass(Rule("cos", {"lam": 0.4}), p2, q2) == pytest.approx(direct, abs=1e-12)
 
 
 def test_lenience_output_matches_the_papers_piecewise_form():

@@ -101,3 +101,33 @@ def test_smc_engine_on_the_real_model(real_lm):
     eng = SMCEngine(real_lm.model, self_draft(real_lm.model, 10), SMCConfig(4, 3, 0.7, 0.7), 12, real_lm.eos_ids())
     res = eng.run(ids, torch.Generator().manual_seed(0))
     assert 0 < len(res.token_ids) <= 12 and res.stats["mean_ess"] <= 4.0
+
+
+@pytest.mark.real
+def test_smc_is_a_method_of_the_factory(real_lm):
+    """`smc` builds through the one factory (the CLI, bench and studio path): the EAGLE-3 head drafts by default,
+    variants set gamma and particles, it refuses greedy decoding, truncation and --verify with a clear message,
+    and its events are labelled approximate."""
+    from switchsd.core.config import EngineConfig, SamplingConfig
+    from switchsd.drafters.particles import Eagle3Particles, ModelParticles
+    from switchsd.factory import Drafters, SetupError, build_engine
+    drafters = Drafters(real_lm)
+    cfg = EngineConfig(max_new_tokens=12, sampling=SamplingConfig(0.7))
+    eng = build_engine("smc@chain3+p2", real_lm, drafters, cfg)
+    assert isinstance(eng.drafter, Eagle3Particles) and (eng.cfg.gamma, eng.cfg.n_particles) == (3, 2)
+    assert eng.approximate and eng.cfg.target_temperature == 0.7
+    res = eng.run(real_lm.encode("Count: one two three", chat=True), torch.Generator().manual_seed(0))
+    assert 0 < len(res.token_ids) <= 12 and [t for e in res.events for t in e.new_tokens] == res.token_ids
+    assert all(e.path == "smc" and "approximate" in e.rule for e in res.events)
+    assert res.events[0].gate["particles"] == 2 and 1.0 <= res.stats["mean_ess"] <= 2.0
+    eng = build_engine("smc", real_lm, drafters, cfg, smc=SMCConfig(2, 2, self_draft_layers=6))
+    assert isinstance(eng.drafter, ModelParticles)
+    for bad, msg in ((EngineConfig(), "temperature > 0"),
+                     (EngineConfig(sampling=SamplingConfig(0.7, top_k=5)), "top-k"),
+                     (EngineConfig(sampling=SamplingConfig(0.7), verify="minp:p_base=0.3"), "--verify")):
+        with pytest.raises(SetupError, match=msg):
+            build_engine("smc", real_lm, drafters, bad)
+    with pytest.raises(SetupError, match="bad smc variant"):
+        build_engine("smc@tree2x2x4", real_lm, drafters, cfg)
+    with pytest.raises(SetupError):
+        build_engine("eagle3+p4", real_lm, drafters, cfg)           # particles belong to smc only

@@ -90,5 +90,12 @@ def test_engine_runs_lossy_rules_and_labels_them(tiny_model):
         drafted = [e for e in res.events if len(e.tree_tokens) > 1]
         assert drafted and all(e.rule and e.rule.endswith("(lossy)") for e in res.events)
         assert all(e.accept_probs[0] is None and any(a is not None for a in e.accept_probs[1:]) for e in drafted)
+    # the overshoot mass, when asked for: one value per visited node, none for EASD or by default
+    cfg = EngineConfig(max_new_tokens=20, budget=32, verify="cos:lam=0.4", sampling=SamplingConfig(0.7),
+                       record_overshoot=True)
+    res = type(eng)(eng.model, eng.policy, cfg, eng.eos).run(ids, torch.Generator().manual_seed(0))
+    drafted = [e for e in res.events if len(e.tree_tokens) > 1]
+    assert all(e.overshoot and all(0 <= o <= 1 for o in e.overshoot) for e in drafted)
+    assert any(o > 0 for e in drafted for o in e.overshoot)                       # copy drafts overshoot p
     eng = make_engine(tiny_model, "copy", max_new_tokens=8, sampling=SamplingConfig(0.7))
     assert all(e.rule is None for e in eng.run(ids, torch.Generator().manual_seed(0)).events)   # default

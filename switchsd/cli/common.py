@@ -12,7 +12,7 @@ import torch
 
 from ..target.calibrate import DEFAULT_RATIO, load_budget
 from ..core.config import (GATE_MODES, NEURAL_SHAPES, CopyConfig, EngineConfig, GateConfig, NeuralConfig,
-                           SamplingConfig, TreeConfig)
+                           SamplingConfig, SMCConfig, TreeConfig)
 from ..core.engine import Engine
 from ..factory import Drafters, SetupError
 from ..factory import build_engine as _build_engine
@@ -23,6 +23,7 @@ from ..target.models import LoadedModel, ModelLoadError, load_model
 from ..target.forward import FORWARDS
 
 _C, _N, _T, _G, _E, _S = CopyConfig(), NeuralConfig(), TreeConfig(), GateConfig(), EngineConfig(), SamplingConfig()
+_M = SMCConfig()
 LOSSLESS_NOTE = ("note: {dtype} — every method verifies against the target as computed in {dtype}; where two "
                  "tokens are nearly tied, a k-row verify forward and vanilla's one-row forward can round them "
                  "differently, so texts may part from vanilla's at such a near-tie. --dtype float32 gives "
@@ -81,6 +82,9 @@ def add_neural_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tree-topk", type=int, default=_T.top_k)
     ap.add_argument("--tree-depth", type=int, default=_T.depth)
     ap.add_argument("--tree-tokens", type=int, default=_T.total_tokens, help="draft nodes per tree (capped by the budget)")
+    ap.add_argument("--particles", type=int, default=_M.n_particles, help="smc: particles (or the variant smc+pN)")
+    ap.add_argument("--ess-threshold", type=float, default=_M.ess_threshold,
+                    help="smc: resample when ESS < this fraction of the particles (0: never)")
 
 
 def fail(msg: str) -> "SystemExit":
@@ -104,6 +108,13 @@ class Neural:
             return (NeuralConfig(shape=shape, gamma=getattr(a, "gamma", _N.gamma), tree=tree),
                     GateConfig(mode=getattr(a, "gate", _G.mode), tau=getattr(a, "tau", None),
                                kappa=getattr(a, "kappa", None) or _G.kappa, bandit_c=getattr(a, "bandit_c", _G.bandit_c)))
+        except ValueError as e:
+            raise fail(str(e)) from None
+
+    def smc(self) -> SMCConfig:
+        try:
+            return SMCConfig(n_particles=getattr(self.args, "particles", _M.n_particles),
+                             ess_threshold=getattr(self.args, "ess_threshold", _M.ess_threshold))
         except ValueError as e:
             raise fail(str(e)) from None
 
@@ -169,7 +180,7 @@ def build_engine(method: str, lm: LoadedModel, cfg: EngineConfig, copy_cfg: Copy
     try:
         return _build_engine(method, lm, neural.drafters if neural is not None else Drafters(lm), cfg, copy_cfg,
                              n_cfg, g_cfg, fallback=getattr(neural.args, "neural", "eagle3") if neural else "eagle3",
-                             seed=seed)
+                             seed=seed, smc=neural.smc() if neural is not None else _M)
     except SetupError as e:
         raise fail(str(e)) from None
 

@@ -43,6 +43,10 @@ def main(argv=None) -> None:
         ap.error(f"the prompt has {len(ids)} tokens; the model's context is {lm.max_length}")
     engine = build_engine(args.method, lm, cfg, copy_config(args), Neural(args, lm), args.seed)
     gen = torch.Generator().manual_seed(args.seed)
+    approximate = getattr(engine, "approximate", False)
+    if approximate:
+        print("note: APPROXIMATE method (SMC-SD): the text is a sample of the target's distribution only as the "
+              "particle count grows", file=sys.stderr)
     if parse_rule(cfg.verify).lossy:
         print(f"note: LOSSY verification ({parse_rule(cfg.verify).label}): the text is not a sample of the target's "
               "distribution", file=sys.stderr)
@@ -57,7 +61,8 @@ def main(argv=None) -> None:
         text = lm.tokenizer.decode(res.token_ids, skip_special_tokens=True)
         rule = parse_rule(cfg.verify)
         print(json.dumps({"method": args.method, "model": lm.name, "budget": budget, "budget_source": source,
-                          "verify": rule.label, "lossy": rule.lossy,
+                          "verify": "SMC-SD (approximate)" if approximate else rule.label,
+                          "lossy": rule.lossy or approximate,
                           "prompt_tokens": len(ids), "text": text, "token_ids": res.token_ids,
                           "steps": steps, "stats": res.stats}))
         return

@@ -81,6 +81,7 @@ class EngineConfig:
     stop_at_eos: bool = True
     forward: str = "auto"
     verify: str = "lossless"    # the verification rule (switchsd/core/rules.py): lossy ones only at T > 0
+    record_overshoot: bool = False  # lossy rules: each event records overshoot_mass per verified node (costs time)
 
     def __post_init__(self):
         from .rules import parse_rule
@@ -168,3 +169,30 @@ class GateConfig:
             raise ValueError(f"lookup_candidates must be >= 1, got {self.lookup_candidates}")
         if not (self.bandit_c > 0 and self.bandit_c < float("inf")):
             raise ValueError(f"bandit_c must be a positive number, got {self.bandit_c}")
+
+
+@dataclass(frozen=True)
+class SMCConfig:
+    """SMC-SD (switchsd/core/smc.py): particles, draft length per cycle, the two temperatures, the ESS fraction
+    below which the particles are resampled; `self_draft_layers` > 0 drafts with the target's first layers
+    instead of the neural drafter (EAGLE-3 head or SPS model)."""
+    n_particles: int = 4
+    gamma: int = 4
+    draft_temperature: float = 0.7
+    target_temperature: float = 0.7
+    ess_threshold: float = 0.5          # resample when ESS < threshold * N (0: never)
+    self_draft_layers: int = 0
+
+    def __post_init__(self):
+        if not 1 <= self.n_particles <= 256:
+            raise ValueError(f"n_particles must be in [1, 256], got {self.n_particles}")
+        if not 1 <= self.gamma <= 64:
+            raise ValueError(f"gamma must be in [1, 64], got {self.gamma}")
+        for k in ("draft_temperature", "target_temperature"):
+            SamplingConfig(getattr(self, k))            # same validation as any temperature
+            if getattr(self, k) == 0:
+                raise ValueError(f"{k} must be > 0 (SMC samples)")
+        if self.self_draft_layers < 0:
+            raise ValueError(f"self_draft_layers must be >= 0, got {self.self_draft_layers}")
+        if not 0.0 <= self.ess_threshold <= 1.0:
+            raise ValueError(f"ess_threshold must be in [0, 1], got {self.ess_threshold}")

@@ -158,14 +158,15 @@ class Engine:
             # 2. verify all candidates in one forward
             prefix = len(cache)
             logits = self._forward(cache, tree)
-            accept_probs = None
+            accept_probs = overshoot = None
             if sampling.greedy:
                 rows, bonus = accept_greedy(tree, logits.argmax(-1).tolist())
             elif self.rule.name == "lossless":
                 rows, bonus = accept_sampling(tree, lambda r: target_probs(logits[r], sampling).cpu(), generator)
             else:
+                overshoot = [] if cfg.record_overshoot else None
                 rows, bonus, accept_probs = accept_rule(tree, lambda r: target_probs(logits[r], sampling).cpu(),
-                                                        generator, self.rule)
+                                                        generator, self.rule, overshoot)
             # 3. commit, with EOS / length cuts
             new = [tree.tokens[r] for r in rows] + [bonus]
             finished = None
@@ -202,7 +203,8 @@ class Engine:
                 bonus=bonus if len(new) == len(rows) + 1 else None,
                 new_tokens=new, position=position, probe_score=score, gate=gate,
                 match=draft.match if parts else None, timings=timings, finished=finished, hidden=hidden,
-                rule=None if self.rule.name == "lossless" else self.rule.label, accept_probs=accept_probs)
+                rule=None if self.rule.name == "lossless" else self.rule.label, accept_probs=accept_probs,
+                overshoot=overshoot)
             self.policy.observe(event)
             yield event
             step += 1

@@ -36,6 +36,7 @@ class StepEvent:
     sources: list[str] | None = None  # path ("copy" | "neural") of each candidate, when several drafters drafted
     rule: str | None = None         # the verification rule's label when it is not the lossless one ("... (lossy)")
     accept_probs: list | None = None  # per tree row: the rule's acceptance probability of that drafted token
+    overshoot: list | None = None   # per verified node: mass emitted above p on {q > p} (EngineConfig.record_overshoot)
 
     @property
     def n_verified(self) -> int:

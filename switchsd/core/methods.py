@@ -10,7 +10,9 @@ from ..drafters.copy import CopyDrafter, CopySpecDrafter, PLDDrafter
 from .policies import BanditSpec, CostAware, Fixed, Policy, SwitchSD
 
 METHODS = ("vanilla", "copy", "pld", "copyspec", "eagle3", "sps", "switchsd", "switchsd-paper", "switchsd-sps",
-           "switchsd-sps-paper", "banditspec")
+           "switchsd-sps-paper", "banditspec", "smc")
+# approximate methods (not lossless; sampling only): SMC-SD keeps every drafted token and weights particles
+APPROXIMATE = ("smc",)
 NEURAL_METHODS = ("eagle3", "sps")
 NEEDS_NEURAL = ("eagle3", "sps", "switchsd", "switchsd-paper", "switchsd-sps", "switchsd-sps-paper", "banditspec")
 NEEDS_PROBE = ("switchsd", "switchsd-paper", "switchsd-sps", "switchsd-sps-paper")

@@ -19,29 +19,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from .config import SamplingConfig
+from .config import SMCConfig
 from .events import StepEvent, summarize
-
-
-@dataclass(frozen=True)
-class SMCConfig:
-    n_particles: int = 4
-    gamma: int = 4
-    draft_temperature: float = 0.7
-    target_temperature: float = 0.7
-    ess_threshold: float = 0.5          # resample when ESS < threshold * N (0: never)
-
-    def __post_init__(self):
-        if not 1 <= self.n_particles <= 256:
-            raise ValueError(f"n_particles must be in [1, 256], got {self.n_particles}")
-        if not 1 <= self.gamma <= 64:
-            raise ValueError(f"gamma must be in [1, 64], got {self.gamma}")
-        for k in ("draft_temperature", "target_temperature"):
-            SamplingConfig(getattr(self, k))            # same validation as any temperature
-            if getattr(self, k) == 0:
-                raise ValueError(f"{k} must be > 0 (SMC samples)")
-        if not 0.0 <= self.ess_threshold <= 1.0:
-            raise ValueError(f"ess_threshold must be in [0, 1], got {self.ess_threshold}")
+from ..drafters.particles import ModelParticles
 
 
 def systematic_resample(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -73,11 +53,12 @@ def smc_decode(draft_step: Callable[[torch.Tensor], torch.Tensor],
                verify: Callable[[torch.Tensor], torch.Tensor],
                reorder: Callable[[torch.Tensor], None],
                first: torch.Tensor, cfg: SMCConfig, max_new_tokens: int, eos: Sequence[int],
-               generator: torch.Generator) -> SMCResult:
+               generator: torch.Generator, observe: Callable[[torch.Tensor], None] | None = None) -> SMCResult:
     """first [N]: each particle's pending token (sampled from the target after the prompt).
     draft_step(last [N]) -> q [N, V] for the next position (the drafter's state advances by `last`).
     verify(block [N, gamma+1]) -> p [N, gamma+1, V]: the target after each block position (its state advances).
-    reorder(ancestors [N]): copy both states from the chosen ancestors."""
+    reorder(ancestors [N]): copy both states from the chosen ancestors.
+    observe(block [N, gamma+1]) after each verify (default: the drafter's state advances by x_gamma)."""
     N, g = cfg.n_particles, cfg.gamma
     eos = set(int(e) for e in eos)
     seqs = [[int(t)] for t in first.tolist()]
@@ -108,7 +89,10 @@ def smc_decode(draft_step: Callable[[torch.Tensor], torch.Tensor],
             logw[i] += float((lp[i, :upto] - lq[i, :upto]).sum())
             seqs[i] += new if cut is None else new[:cut + 1]
             done[i] = cut is not None or len(seqs[i]) >= max_new_tokens
-        draft_step(block[:, -1])              # the drafter sees x_gamma (its own last draft) before the bonus
+        if observe is not None:
+            observe(block)
+        else:
+            draft_step(block[:, -1])          # the drafter sees x_gamma (its own last draft) before the bonus
         last = bonus
         cycles += 1
         e = ess(logw)
@@ -147,77 +131,89 @@ def self_draft(model, layers: int):
 
 
 class SMCEngine:
-    """SMC-SD on a Hugging Face target and draft model (batched over particles, one KV cache each)."""
+    """SMC-SD on a Hugging Face target and a particle drafter (switchsd/drafters/particles.py: the EAGLE-3 head,
+    a draft model or a self-draft), batched over particles with one KV cache per particle. Same interface as
+    Engine (generate / run / close); the events follow the particle drawn at the end, so they come after the
+    whole run (the output is only known then)."""
+    approximate = True
 
-    def __init__(self, model, draft, cfg: SMCConfig, max_new_tokens: int = 128, eos_ids: Sequence[int] = (),
+    def __init__(self, model, drafter, cfg: SMCConfig, max_new_tokens: int = 128, eos_ids: Sequence[int] = (),
                  max_length: int | None = None):
-        self.model, self.draft, self.cfg = model, draft, cfg
+        if isinstance(drafter, torch.nn.Module):                  # a bare draft model
+            drafter = ModelParticles(drafter, cfg.draft_temperature)
+        self.model, self.drafter, self.cfg = model, drafter, cfg
         self.max_new_tokens, self.eos = max_new_tokens, list(eos_ids)
         self.max_length = max_length or int(getattr(model.config, "max_position_embeddings", 1 << 30))
-        self.policy = None
+        self.policy = self.probe = None
+        self.last_result: SMCResult | None = None
 
     def close(self) -> None:
         pass
 
-    @torch.inference_mode()
     def run(self, prompt_ids: Sequence[int], generator: torch.Generator | None = None):
-        from transformers import DynamicCache
-
         from .engine import Generation
-        cfg, N = self.cfg, self.cfg.n_particles
+        t0 = time.perf_counter()
+        events = list(self.generate(prompt_ids, generator))
+        res = self.last_result
+        stats = summarize(events, time.perf_counter() - t0)
+        stats.update(steps=res.cycles, tok_per_fwd=len(res.tokens) / max(1, res.cycles), mean_ess=res.mean_ess,
+                     resamples=res.resamples, resample_rate=res.resamples / max(1, res.cycles))
+        return Generation(list(prompt_ids), res.tokens, events, stats)
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: Sequence[int], generator: torch.Generator | None = None):
+        from transformers import DynamicCache
+        cfg, N, drafter = self.cfg, self.cfg.n_particles, self.drafter
         generator = generator or torch.Generator().manual_seed(0)
         ids = [int(t) for t in prompt_ids]
         if len(ids) + self.max_new_tokens + cfg.gamma + 2 >= self.max_length:
             raise ValueError(f"the prompt has {len(ids)} tokens; the model's context is {self.max_length}")
         dev = next(self.model.parameters()).device
+        hid = drafter.needs_hidden
         t0 = time.perf_counter()
-        x = torch.tensor([ids], device=dev)
-        tcache, dcache = DynamicCache(config=self.model.config), DynamicCache(config=self.draft.config)
-        logits = self.model(input_ids=x, cache=tcache, use_cache=True, logits_to_keep=1).logits[0, -1]
-        self.draft(input_ids=x, cache=dcache, use_cache=True, logits_to_keep=1)    # both hold the whole prompt;
-        tcache.batch_repeat_interleave(N)                                       # each particle's first token
-        dcache.batch_repeat_interleave(N)                                       # is fed by the first step
-        p0 = torch.softmax(logits.float().cpu() / cfg.target_temperature, -1)
+        tcache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=torch.tensor([ids], device=dev), cache=tcache, use_cache=True,
+                         output_hidden_states=hid, logits_to_keep=0 if hid else 1)
+        tcache.batch_repeat_interleave(N)                         # each particle holds the prompt
+        p0 = torch.softmax(out.logits[0, -1].float().cpu() / cfg.target_temperature, -1)
         first = torch.multinomial(p0.expand(N, -1), 1, generator=generator)[:, 0]
-        state = {"t": len(ids), "d": len(ids)}            # positions held by each cache
+        drafter.start(ids, first, out.hidden_states)
+        state = {"t": len(ids), "hidden": None}
         prefill_s = time.perf_counter() - t0
-
-        def draft_step(last: torch.Tensor) -> torch.Tensor:
-            pos = torch.full((N, 1), state["d"], device=dev)
-            out = self.draft(input_ids=last[:, None].to(dev), position_ids=pos, cache=dcache, use_cache=True,
-                             logits_to_keep=1).logits[:, -1]
-            state["d"] += 1
-            return torch.softmax(out.float().cpu() / cfg.draft_temperature, -1)
 
         def verify(block: torch.Tensor) -> torch.Tensor:
             k = block.shape[1]
             pos = torch.arange(state["t"], state["t"] + k, device=dev)[None].expand(N, -1)
-            out = self.model(input_ids=block.to(dev), position_ids=pos, cache=tcache, use_cache=True).logits
+            o = self.model(input_ids=block.to(dev), position_ids=pos, cache=tcache, use_cache=True,
+                           output_hidden_states=hid)
             state["t"] += k
-            return torch.softmax(out.float().cpu() / cfg.target_temperature, -1)
+            state["hidden"] = o.hidden_states
+            return torch.softmax(o.logits.float().cpu() / cfg.target_temperature, -1)
 
         def reorder(anc: torch.Tensor) -> None:
             tcache.reorder_cache(anc.to(dev))
-            dcache.reorder_cache(anc.to(dev))
+            drafter.reorder(anc)
 
         t1 = time.perf_counter()
-        res = smc_decode(draft_step, verify, reorder, first, cfg, self.max_new_tokens, self.eos, generator)
-        wall = time.perf_counter() - t0
+        res = smc_decode(drafter.draft, verify, reorder, first, cfg, self.max_new_tokens, self.eos, generator,
+                         observe=lambda block: drafter.observe(block, state["hidden"]))
+        self.last_result = res
         per = (time.perf_counter() - t1) / max(1, res.cycles)
-        events, k = [], 0
+        k = 0
         # one event per target forward along the chosen particle (the first also carries the prefill's token)
         sizes = [cfg.gamma + 2] + [cfg.gamma + 1] * max(0, res.cycles - 1)
         for c, n in enumerate(sizes):
             new = res.tokens[k:k + n]
             if not new:
                 break
-            events.append(StepEvent(step=c, path="smc", drafter="smc", candidates=[], tree_tokens=[],
-                                    tree_parents=[], accepted_rows=[], accepted=new[:-1], accepted_candidate=None,
-                                    bonus=new[-1], new_tokens=new, position=len(ids) + k,
-                                    timings={"total": per, **({"prefill": prefill_s} if c == 0 else {})},
-                                    gate={"mean_ess": res.mean_ess, "resamples": res.resamples} if c == 0 else None))
+            last = k + n >= len(res.tokens)
+            pending = ids[-1] if c == 0 else res.tokens[k - 1]   # every drafted token is kept (no rollback)
+            yield StepEvent(step=c, path="smc", drafter="smc", candidates=[new[:-1]], tree_tokens=[pending] + new[:-1],
+                            tree_parents=list(range(-1, len(new) - 1)), accepted_rows=list(range(1, len(new))),
+                            accepted=new[:-1], accepted_candidate=0,
+                            bonus=new[-1], new_tokens=new, position=len(ids) + k,
+                            timings={"total": per, **({"prefill": prefill_s} if c == 0 else {})},
+                            gate={"mean_ess": res.mean_ess, "resamples": res.resamples, "particles": N} if c == 0 else None,
+                            finished=("eos" if new[-1] in self.eos else "max_new_tokens") if last else None,
+                            rule="SMC-SD (approximate)")
             k += n
-        stats = summarize(events, wall)
-        stats.update(steps=res.cycles, tok_per_fwd=len(res.tokens) / max(1, res.cycles), mean_ess=res.mean_ess,
-                     resamples=res.resamples, resample_rate=res.resamples / max(1, res.cycles))
-        return Generation(ids, res.tokens, events, stats)

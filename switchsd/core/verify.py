@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from .config import SamplingConfig
-from .rules import Rule, normalise
+from .rules import Rule, normalise, overshoot_mass
 from .tree import TokenTree
 
 
@@ -56,7 +56,7 @@ def accept_greedy(tree: TokenTree, argmax: list[int]) -> tuple[list[int], int]:
 
 
 def accept_rule(tree: TokenTree, probs_at: Callable[[int], torch.Tensor], generator: torch.Generator,
-                rule: Rule) -> tuple[list[int], int, list[float | None]]:
+                rule: Rule, overshoot: list[float] | None = None) -> tuple[list[int], int, list[float | None]]:
     """Sampling under a verification rule of the lab (switchsd/core/rules.py; lossy unless it reduces to the
     target). At each node the children are tried in order: child x (q = its draft distribution, or one-hot
     for a copy draft) is accepted with the rule's probability; after a rejection the node's distribution
@@ -64,6 +64,8 @@ def accept_rule(tree: TokenTree, probs_at: Callable[[int], torch.Tensor], genera
     with the rule in place of min(1, p/q)); when every child is rejected the bonus is drawn from it.
     EASD: a child that passes the standard test while both entropies are high and the top-n sets agree is
     rejected too and replaced from p without it (that ends the step).
+    `overshoot`: when a list is given, each visited node appends overshoot_mass(rule, p, q) of its first child
+    (the rule's one-position output law against the node's target law; EASD is skipped: its law is costly).
     Returns (accepted rows, bonus token, acceptance probability per tree row: None where not evaluated)."""
     probs: list[float | None] = [None] * len(tree.tokens)
     row, accepted = 0, []
@@ -71,9 +73,11 @@ def accept_rule(tree: TokenTree, probs_at: Callable[[int], torch.Tensor], genera
         p = probs_at(row).double()
         V = p.shape[-1]
         moved = False
-        for child in tree.children[row]:
+        for k, child in enumerate(tree.children[row]):
             x, q = tree.tokens[child], tree.q[child]
             q = torch.zeros(V, dtype=p.dtype).index_fill_(0, torch.tensor([x]), 1.0) if q is None else q.double()
+            if overshoot is not None and k == 0 and rule.name != "easd":
+                overshoot.append(overshoot_mass(rule, p, q))
             u = float(torch.rand((), generator=generator, dtype=torch.float64))
             probs[child], ok, law, final = rule.judge(p, q, x, u)
             if ok:

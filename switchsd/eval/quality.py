@@ -13,13 +13,14 @@ Specs (comma-separated): a verification rule of switchsd/core/rules.py (`lossles
 `eta:eps=..`, `lenience:l=..`, `cos:lam=..`, `capped:lam=..,c=..`, `cos-contrastive:mu=..`, `easd:tq=..,tp=..`)
 run with `--method`; or a baseline run without speculation: `target` (plain target sampling),
 `target-minp:p_base=..` and `target-eta:eps=..` (target sampling truncated to the same sets: the TRUE baseline of a
-truncation rule); or `smc:n=N,gamma=G[,layers=L,ess=E]`, SMC-SD (switchsd/core/smc.py; approximate) with `--draft`
-or a self-draft of the target's first L layers. `easd:auto` takes its thresholds from entropy percentiles measured on a separate problem set
+truncation rule); or `smc:n=N,gamma=G[,layers=L,ess=E]`, SMC-SD (switchsd/core/smc.py; approximate) drafted by
+the EAGLE-3 head, the `--draft` model, or (layers=L) a self-draft of the target's first L layers. `easd:auto` takes its thresholds from entropy percentiles measured on a separate problem set
 (seed 10_000+, `--easd-pct`).
 
 Per spec: exact-match accuracy with a 95% Wilson interval over limit x seeds answers; tokens per target
 forward; Tok/s; the share of drafted tokens rejected; the low-p rate (share of emitted tokens whose target
-probability at T is below 1e-3). Resumable (one JSONL line per answer in --out). Last line is JSON:
+probability at T is below 1e-3); for lossy rules the overshoot mass (mean over verified positions of the mass the
+rule's output law puts above p on {q > p}; 0 for a lossless rule; not computed for EASD). Resumable (one JSONL line per answer in --out). Last line is JSON:
 {"rules": {SPEC: {"accuracy", "ci", "tokens_per_forward", "tok_s", "low_p_rate", "n", "lossy", ...}}}.
 """
 from __future__ import annotations
@@ -38,7 +39,8 @@ from tqdm import tqdm
 from ..cli.common import add_model_args, add_neural_args, build_engine, load, resolve_budget, Neural
 from ..core.config import CopyConfig, EngineConfig, SamplingConfig
 from ..core.rules import entropy, parse_rule
-from ..core.smc import SMCConfig, SMCEngine, self_draft
+from ..core.config import SMCConfig
+from ..factory import smc_engine
 from ..io import read_jsonl
 
 SHOTS = ("Question: Mia has 3 pens. Mia gets 5 more pens. How many pens does Mia have now?\nAnswer: 3 + 5 = 8\n\n"
@@ -109,19 +111,19 @@ def spec_engine(spec: str, args, lm, neural: Neural, budget: int, easd: tuple[fl
     if name == "smc":
         kv = dict(part.split("=") for part in knobs.split(",") if "=" in part)
         try:
-            cfg = SMCConfig(int(kv.get("n", 4)), int(kv.get("gamma", 4)), args.temperature, args.temperature,
-                            float(kv.get("ess", 0.5)))
-            draft = neural.drafters.draft_model if args.draft else self_draft(lm.model, int(kv.get("layers", 20)))
+            smc = SMCConfig(int(kv.get("n", 4)), int(kv.get("gamma", 4)), ess_threshold=float(kv.get("ess", 0.5)),
+                            self_draft_layers=int(kv.get("layers", 0)))
+            cfg = EngineConfig(max_new_tokens=args.max_new_tokens, sampling=SamplingConfig(args.temperature))
+            eng = smc_engine(lm, neural.drafters, cfg, smc, {}, "sps" if args.draft else "eagle3")
         except (ValueError, TypeError) as e:
             raise SystemExit(f"error: {spec}: {e}") from None
-        return (SMCEngine(lm.model, draft, cfg, args.max_new_tokens, lm.eos_ids(), lm.max_length),
-                f"SMC-SD {knobs} (approximate)", True)
+        return eng, f"SMC-SD {knobs} (approximate)", True
     if name == "easd" and knobs == "auto":
         spec = f"easd:tq={easd[0]:.4f},tp={easd[1]:.4f}"
     try:
         rule = parse_rule(spec)
         cfg = EngineConfig(max_new_tokens=args.max_new_tokens, budget=budget,
-                           sampling=SamplingConfig(**sampling), verify=spec)
+                           sampling=SamplingConfig(**sampling), verify=spec, record_overshoot=rule.lossy)
     except ValueError as e:
         raise SystemExit(f"error: {spec}: {e}") from None
     return build_engine(args.method, lm, cfg, CopyConfig(), neural), rule.label, rule.lossy
@@ -206,7 +208,10 @@ def main(argv=None) -> None:
                                      "resamples": res.stats.get("resamples"), "mean_ess": res.stats.get("mean_ess"),
                                      # drafted tokens the rule evaluated, and those given probability 0 (EASD: fired)
                                      "evaluated": sum(a is not None for e in res.events for a in e.accept_probs or []),
-                                     "zero_prob": sum(a == 0.0 for e in res.events for a in e.accept_probs or [])}
+                                     "zero_prob": sum(a == 0.0 for e in res.events for a in e.accept_probs or []),
+                                     # mass emitted above p on {q > p}, summed over verified nodes (lossy rules)
+                                     "overshoot": [sum(o for e in res.events for o in e.overshoot or []),
+                                                   sum(len(e.overshoot or []) for e in res.events)]}
                         f.write(json.dumps(done[key]) + "\n")
                         f.flush()
                     recs.append(done[key])
@@ -222,6 +227,9 @@ def main(argv=None) -> None:
             if spec.startswith("easd") and all("zero_prob" in r for r in recs):
                 summary[spec]["trigger_rate"] = (sum(r["zero_prob"] for r in recs) /
                                                  max(1, sum(r["evaluated"] for r in recs)))
+            nodes = sum(r.get("overshoot", [0, 0])[1] for r in recs)
+            if nodes:       # mean over verified nodes of the rule's emitted mass above p on {q > p}
+                summary[spec]["overshoot_mass"] = sum(r["overshoot"][0] for r in recs) / nodes
             if recs and recs[0].get("mean_ess") is not None:
                 summary[spec].update(mean_ess=sum(r["mean_ess"] for r in recs) / n,
                                      resample_rate=sum(r["resamples"] for r in recs) / max(1, sum(r["forwards"] for r in recs)))
@@ -230,10 +238,13 @@ def main(argv=None) -> None:
             "max_new_tokens": args.max_new_tokens, "model": lm.name, "dtype": str(lm.dtype), "budget": budget,
             "easd_thresholds": easd, "command": "python -m switchsd.quality " + " ".join(argv or sys.argv[1:])}
     (out / "summary.json").write_text(json.dumps({"meta": meta, "rules": summary}, indent=1))
-    print("| spec | accuracy (95% CI) | tok/fwd | Tok/s | low-p rate | rejected |\n|---|---|---|---|---|---|")
+    print("| spec | accuracy (95% CI) | tok/fwd | Tok/s | low-p rate | overshoot mass | rejected |\n"
+          "|---|---|---|---|---|---|---|")
     for spec, s in summary.items():
+        om = f"{s['overshoot_mass']:.4f}" if "overshoot_mass" in s else "-"
         print(f"| {s['label']} | {s['accuracy']:.3f} ({s['ci'][0]:.2f}-{s['ci'][1]:.2f}) | "
-              f"{s['tokens_per_forward']:.2f} | {s['tok_s']:.1f} | {s['low_p_rate']:.4f} | {s['rejected_share']:.2f} |")
+              f"{s['tokens_per_forward']:.2f} | {s['tok_s']:.1f} | {s['low_p_rate']:.4f} | {om} | "
+              f"{s['rejected_share']:.2f} |")
     print(json.dumps({"rules": {k: {f: v[f] for f in ("accuracy", "ci", "tokens_per_forward", "tok_s", "low_p_rate",
                                                        "n", "lossy")} for k, v in summary.items()}}))
 
