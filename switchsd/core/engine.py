@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import torch
 
@@ -46,23 +46,151 @@ class Generation:
     stats: dict
 
 
+@dataclass
+class Request:
+    """One request's decoding state between steps: tokens[-1] is the pending token."""
+    tokens: list[int]
+    n_gen: int = 0
+    step: int = 0
+    hidden: dict | None = None      # site -> [d] at the last cached position (the probe reads it)
+
+
+@dataclass
+class Plan:
+    tree: TokenTree
+    draft: Draft                    # the merged draft (its kappa-gram match, if a copy drafter drafted)
+    parts: list                     # (drafter, its draft) in the order they were merged
+    owner: list[int]                # candidate -> index in parts
+    gate: dict | None
+    score: float | None
+    t0: float
+    t1: float
+
+
+class Decoder:
+    """The per-request half of a step, shared by Engine (one request) and serve.BatchedEngine (many):
+    the policy's choice and the draft (`plan`), then, given the target's logits over the plan's tree, the
+    acceptance, the EOS / length cuts, the drafters' update and the StepEvent (`settle`)."""
+
+    def __init__(self, policy: Policy, cfg: EngineConfig, eos: set[int], max_length: int,
+                 probe: ProbeScorer | None = None):
+        self.policy, self.cfg, self.eos, self.max_length, self.probe = policy, cfg, eos, max_length, probe
+        self.rule = parse_rule(cfg.verify)
+        # drafters that read target hidden states (EAGLE3: three fused layers) declare `sites`
+        self.feature_drafters = [d for d in policy.drafters if getattr(d, "sites", ())]
+
+    def start(self, tokens: list[int], last: dict | None) -> Request:
+        """After the prefill of tokens[:-1]; `last`: the hidden states at those positions ({site: [P-1, d]})."""
+        req = Request(tokens)
+        for d in self.policy.drafters:
+            d.reset(tokens)
+        if len(tokens) > 1 and last is not None:
+            req.hidden = {k: v[-1].detach().clone() for k, v in last.items()}
+            self.feed(last, slice(None))
+        return req
+
+    def feed(self, last: dict, rows: list[int] | slice) -> None:
+        """Give feature-reading drafters the target's hidden states at the newly cached positions."""
+        for d in self.feature_drafters:
+            d.add_features({s: last[s][rows] for s in d.sites})        # site -> [n_new, d]
+
+    def plan(self, req: Request) -> Plan:
+        cfg, tokens = self.cfg, req.tokens
+        t0 = time.perf_counter()
+        max_len = min(cfg.max_new_tokens - req.n_gen, self.max_length - len(tokens)) - 1
+        score = None
+        if self.probe is not None and req.hidden is not None:
+            score = float(self.probe.score(req.hidden[self.probe.site]))
+        drafters, gate = self.policy.select(PolicyState(tokens, req.step, score, max(max_len, 0), cfg.budget))
+        budget = cfg.budget
+        if gate:   # the policy may cap this step's draft
+            max_len = min(max_len, gate.get("max_len", max_len))
+            budget = max(1, min(budget, gate.get("rows", budget)))
+        draft, parts, owner = Draft([]), [], []
+        if max_len > 0 and budget > 1:
+            req_ = DraftRequest(tokens=tokens, max_len=max_len, budget=budget - 1)
+            merge = bool(gate and gate.get("merge"))    # verify every drafter's candidates together
+            for d in drafters:
+                proposal = d.propose(req_)
+                if proposal:
+                    parts.append((d, proposal))
+                    if not merge:
+                        break
+            if parts:
+                draft, owner = merge_drafts([p for _, p in parts])
+        tree = build_tree(tokens[-1], draft.candidates, budget, draft.q, max_depth=max(max_len, 0))
+        return Plan(tree, draft, parts, owner, gate, score, t0, time.perf_counter())
+
+    def settle(self, req: Request, plan: Plan, logits: torch.Tensor, last: dict, generator: torch.Generator | None,
+               keep_cache: Callable[[list[int]], None]) -> StepEvent:
+        """logits [n+1, V] over the plan's tree rows; last: this forward's hidden states {site: [m, d]}.
+        `keep_cache(keep)` rolls the caller's cache back to the committed rows."""
+        cfg, sampling, tree = self.cfg, self.cfg.sampling, plan.tree
+        accept_probs = overshoot = None
+        if sampling.greedy:
+            rows, bonus = accept_greedy(tree, logits.argmax(-1).tolist())
+        elif self.rule.name == "lossless":
+            rows, bonus = accept_sampling(tree, lambda r: target_probs(logits[r], sampling).cpu(), generator)
+        else:
+            overshoot = [] if cfg.record_overshoot else None
+            rows, bonus, accept_probs = accept_rule(tree, lambda r: target_probs(logits[r], sampling).cpu(),
+                                                    generator, self.rule, overshoot)
+        # commit, with EOS / length cuts
+        tokens = req.tokens
+        new = [tree.tokens[r] for r in rows] + [bonus]
+        finished = None
+        cut = next((i for i, t in enumerate(new) if t in self.eos), None)
+        if cut is not None:
+            new, finished = new[:cut + 1], "eos"
+        if req.n_gen + len(new) >= cfg.max_new_tokens:
+            new, finished = new[:cfg.max_new_tokens - req.n_gen], finished or "max_new_tokens"
+        if len(tokens) + len(new) >= self.max_length:
+            finished = finished or "context_limit"
+        keep = [0] + rows[:len(new) - 1]
+        keep_cache(keep)
+        hidden = {k: v[keep[-1]].detach().clone() for k, v in last.items()} if last else None
+        position = len(tokens)
+        tokens.extend(new)
+        req.n_gen += len(new)
+        for d in self.policy.drafters:
+            d.extend(tokens, len(new))
+        if last:
+            self.feed(last, keep)
+        t2 = time.perf_counter()
+        timings = {"draft": plan.t1 - plan.t0, "verify": t2 - plan.t1, "total": t2 - plan.t0}
+        parts, owner = plan.parts, plan.owner
+        won = next((c for c, cr in enumerate(tree.cand_rows) if rows and cr[:len(rows)] == rows), None)
+        # the drafter credited with the step: the one whose candidate was accepted, else the first
+        chosen = parts[owner[tree.cand_index[won]]][0] if won is not None else parts[0][0] if parts else None
+        event = StepEvent(
+            step=req.step, path=chosen.path if chosen else "vanilla", drafter=chosen.name if chosen else None,
+            candidates=[[tree.tokens[r] for r in cr] for cr in tree.cand_rows],
+            tree_tokens=list(tree.tokens), tree_parents=list(tree.parents), accepted_rows=rows,
+            accepted=[tree.tokens[r] for r in rows[:len(new)]],   # committed draft tokens
+            accepted_candidate=won,
+            sources=[parts[owner[i]][0].path for i in tree.cand_index] if len(parts) > 1 else None,
+            bonus=bonus if len(new) == len(rows) + 1 else None,
+            new_tokens=new, position=position, probe_score=plan.score, gate=plan.gate,
+            match=plan.draft.match if parts else None, timings=timings, finished=finished, hidden=hidden,
+            rule=None if self.rule.name == "lossless" else self.rule.label, accept_probs=accept_probs,
+            overshoot=overshoot)
+        req.hidden = hidden
+        req.step += 1
+        self.policy.observe(event)
+        return event
+
+
 class Engine:
     def __init__(self, model, policy: Policy, cfg: EngineConfig, eos_ids: Sequence[int] = (),
                  max_length: int | None = None, probe: ProbeScorer | None = None, cost: VerifyCost | None = None):
         """`cost`: the device's verification cost curve; verify forwards are padded to its cheapest size."""
         self.model, self.policy, self.cfg, self.probe, self.cost = model, policy, cfg, probe, cost
-        self.rule = parse_rule(cfg.verify)
         self.eos = set(int(e) for e in eos_ids) if cfg.stop_at_eos else set()
         self.max_length = max_length or int(getattr(model.config, "max_position_embeddings", 1 << 30))
-        sites = list(cfg.capture)
-        if probe is not None and probe.site not in sites:
-            sites.append(probe.site)
-        # drafters that read target hidden states (EAGLE3: three fused layers) declare `sites`
-        self.feature_drafters = [d for d in policy.drafters if getattr(d, "sites", ())]
-        for d in self.feature_drafters:
-            sites += [s for s in d.sites if s not in sites]
-        self.sites = sites
-        self.target = make_target(model, sites, cfg.forward)   # transformers' forward or the lean one
+        self.decoder = Decoder(policy, cfg, self.eos, self.max_length, probe)
+        self.rule = self.decoder.rule
+        self.sites = engine_sites(cfg, policy, probe)
+        self.target = make_target(model, self.sites, cfg.forward)   # transformers' forward or the lean one
 
     @property
     def device(self) -> torch.device:
@@ -84,18 +212,9 @@ class Engine:
             pos = tree_positions(tree, prefix, self.device, pad)                     # [1, m]
         return self.target.forward(ids, cache, pos, mask, logit_rows=n1)             # [n+1, V] (pad rows dropped)
 
-    def _prefill(self, cache, ids: list[int]) -> None:
-        x = torch.tensor(ids, device=self.device)[None]                               # [1, P-1]
-        self.target.forward(x, cache, logit_rows=-1)
-
-    def _hidden(self, row: int) -> dict | None:
-        """Hidden vectors [d] at verify row `row` of the last forward, for every site (copies)."""
-        return {k: v[0, row].detach().clone() for k, v in self.target.last.items()} if self.sites else None
-
-    def _feed_features(self, rows: list[int] | slice) -> None:
-        """Give feature-reading drafters the target's hidden states at the newly cached positions."""
-        for d in self.feature_drafters:
-            d.add_features({s: self.target.last[s][0, rows] for s in d.sites})   # site -> [n_new, d]
+    def _last(self) -> dict:
+        """The last forward's hidden states of the one row: {site: [m, d]}."""
+        return {k: v[0] for k, v in self.target.last.items()} if self.sites else {}
 
     # -- the loop --------------------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], generator: torch.Generator | None = None) -> Iterator[StepEvent]:
@@ -110,105 +229,25 @@ class Engine:
     @torch.inference_mode()
     def _generate(self, prompt_ids: Sequence[int], generator: torch.Generator | None) -> Iterator[StepEvent]:
         cfg, sampling = self.cfg, self.cfg.sampling
-        tokens = [int(t) for t in prompt_ids]
-        if not tokens:
-            raise ValueError("the prompt is empty")
-        if len(tokens) >= self.max_length:
-            raise ValueError(f"the prompt has {len(tokens)} tokens; the model's context is {self.max_length}")
+        tokens = check_prompt(prompt_ids, self.max_length)
         if not sampling.greedy and generator is None:
             generator = torch.Generator().manual_seed(0)
         t_start = time.perf_counter()
         cache = self.target.new_cache(min(self.max_length, len(tokens) + cfg.max_new_tokens + cfg.budget + 1))
-        hidden = None
         if len(tokens) > 1:
-            self._prefill(cache, tokens[:-1])
-            hidden = self._hidden(-1)
-        for d in self.policy.drafters:
-            d.reset(tokens)
-        if len(tokens) > 1:
-            self._feed_features(slice(None))
+            self.target.forward(torch.tensor(tokens[:-1], device=self.device)[None], cache, logit_rows=-1)
+        req = self.decoder.start(tokens, self._last() if len(tokens) > 1 else None)
         prefill_s = time.perf_counter() - t_start
-        n_gen, step = 0, 0
         while True:
-            t0 = time.perf_counter()
-            # 1. policy and draft
-            max_len = min(cfg.max_new_tokens - n_gen, self.max_length - len(tokens)) - 1
-            score = None
-            if self.probe is not None and hidden is not None:
-                score = float(self.probe.score(hidden[self.probe.site]))
-            drafters, gate = self.policy.select(PolicyState(tokens, step, score, max(max_len, 0), cfg.budget))
-            budget = cfg.budget
-            if gate:   # the policy may cap this step's draft
-                max_len = min(max_len, gate.get("max_len", max_len))
-                budget = max(1, min(budget, gate.get("rows", budget)))
-            draft, parts, owner = Draft([]), [], []
-            if max_len > 0 and budget > 1:
-                req = DraftRequest(tokens=tokens, max_len=max_len, budget=budget - 1)
-                merge = bool(gate and gate.get("merge"))    # verify every drafter's candidates together
-                for d in drafters:
-                    proposal = d.propose(req)
-                    if proposal:
-                        parts.append((d, proposal))
-                        if not merge:
-                            break
-                if parts:
-                    draft, owner = merge_drafts([p for _, p in parts])
-            tree = build_tree(tokens[-1], draft.candidates, budget, draft.q, max_depth=max(max_len, 0))
-            t1 = time.perf_counter()
-            # 2. verify all candidates in one forward
+            plan = self.decoder.plan(req)
             prefix = len(cache)
-            logits = self._forward(cache, tree)
-            accept_probs = overshoot = None
-            if sampling.greedy:
-                rows, bonus = accept_greedy(tree, logits.argmax(-1).tolist())
-            elif self.rule.name == "lossless":
-                rows, bonus = accept_sampling(tree, lambda r: target_probs(logits[r], sampling).cpu(), generator)
-            else:
-                overshoot = [] if cfg.record_overshoot else None
-                rows, bonus, accept_probs = accept_rule(tree, lambda r: target_probs(logits[r], sampling).cpu(),
-                                                        generator, self.rule, overshoot)
-            # 3. commit, with EOS / length cuts
-            new = [tree.tokens[r] for r in rows] + [bonus]
-            finished = None
-            cut = next((i for i, t in enumerate(new) if t in self.eos), None)
-            if cut is not None:
-                new, finished = new[:cut + 1], "eos"
-            if n_gen + len(new) >= cfg.max_new_tokens:
-                new, finished = new[:cfg.max_new_tokens - n_gen], finished or "max_new_tokens"
-            if len(tokens) + len(new) >= self.max_length:
-                finished = finished or "context_limit"
-            keep = [0] + rows[:len(new) - 1]
-            cache.keep(prefix, keep)
-            hidden = self._hidden(keep[-1])
-            position = len(tokens)
-            tokens.extend(new)
-            n_gen += len(new)
-            for d in self.policy.drafters:
-                d.extend(tokens, len(new))
-            self._feed_features(keep)
-            t2 = time.perf_counter()
-            timings = {"draft": t1 - t0, "verify": t2 - t1, "total": t2 - t0}
-            if step == 0:
-                timings["prefill"] = prefill_s
-            won = next((c for c, cr in enumerate(tree.cand_rows) if rows and cr[:len(rows)] == rows), None)
-            # the drafter credited with the step: the one whose candidate was accepted, else the first
-            chosen = parts[owner[tree.cand_index[won]]][0] if won is not None else parts[0][0] if parts else None
-            event = StepEvent(
-                step=step, path=chosen.path if chosen else "vanilla", drafter=chosen.name if chosen else None,
-                candidates=[[tree.tokens[r] for r in cr] for cr in tree.cand_rows],
-                tree_tokens=list(tree.tokens), tree_parents=list(tree.parents), accepted_rows=rows,
-                accepted=[tree.tokens[r] for r in rows[:len(new)]],   # committed draft tokens
-                accepted_candidate=won,
-                sources=[parts[owner[i]][0].path for i in tree.cand_index] if len(parts) > 1 else None,
-                bonus=bonus if len(new) == len(rows) + 1 else None,
-                new_tokens=new, position=position, probe_score=score, gate=gate,
-                match=draft.match if parts else None, timings=timings, finished=finished, hidden=hidden,
-                rule=None if self.rule.name == "lossless" else self.rule.label, accept_probs=accept_probs,
-                overshoot=overshoot)
-            self.policy.observe(event)
+            logits = self._forward(cache, plan.tree)          # ONE forward verifies every candidate
+            event = self.decoder.settle(req, plan, logits, self._last(), generator,
+                                        lambda keep: cache.keep(prefix, keep))
+            if event.step == 0:
+                event.timings["prefill"] = prefill_s
             yield event
-            step += 1
-            if finished:
+            if event.finished:
                 return
 
     def run(self, prompt_ids: Sequence[int], generator: torch.Generator | None = None) -> Generation:
@@ -220,3 +259,22 @@ class Engine:
         wall = time.perf_counter() - t0
         out = [t for e in events for t in e.new_tokens]
         return Generation(list(prompt_ids), out, events, summarize(events, wall))
+
+
+def check_prompt(prompt_ids: Sequence[int], max_length: int) -> list[int]:
+    tokens = [int(t) for t in prompt_ids]
+    if not tokens:
+        raise ValueError("the prompt is empty")
+    if len(tokens) >= max_length:
+        raise ValueError(f"the prompt has {len(tokens)} tokens; the model's context is {max_length}")
+    return tokens
+
+
+def engine_sites(cfg: EngineConfig, policy: Policy, probe: ProbeScorer | None) -> list:
+    """Hidden-state sites every verify forward records: capture, the probe's, the feature drafters'."""
+    sites = list(cfg.capture)
+    if probe is not None and probe.site not in sites:
+        sites.append(probe.site)
+    for d in policy.drafters:
+        sites += [s for s in getattr(d, "sites", ()) if s not in sites]
+    return sites

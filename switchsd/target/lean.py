@@ -49,6 +49,20 @@ def supports(model) -> str | None:
     return None
 
 
+@torch.inference_mode()
+def grow(cache, n: int, valid: int) -> None:
+    """cache.k / cache.v [layers, rows, kv_heads, capacity, head_dim]: at least `n` positions (doubling), the
+    first `valid` positions of every row copied over."""
+    if n <= cache.k.shape[3]:
+        return
+    cap = max(n, 2 * cache.k.shape[3])
+    for name in ("k", "v"):
+        old = getattr(cache, name)
+        new = old.new_empty(old.shape[:3] + (cap,) + old.shape[4:])
+        new[:, :, :, :valid] = old[:, :, :, :valid]
+        setattr(cache, name, new)
+
+
 class StaticKVCache:
     """Keys/values of every cached position in preallocated tensors, written in place.
 
@@ -68,17 +82,9 @@ class StaticKVCache:
     def capacity(self) -> int:
         return self.k.shape[3]
 
-    @torch.inference_mode()
     def reserve(self, n: int) -> None:
         """Make room for `n` positions (doubling; the valid prefix is copied)."""
-        if n <= self.capacity:
-            return
-        cap = max(n, 2 * self.capacity)
-        for name in ("k", "v"):
-            old = getattr(self, name)
-            new = old.new_empty(old.shape[:3] + (cap,) + old.shape[4:])
-            new[:, :, :, :self.length] = old[:, :, :, :self.length]
-            setattr(self, name, new)
+        grow(self, n, self.length)
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, max(0, length))
@@ -217,6 +223,27 @@ class LeanLlama:
         b, kv, s, hd = t.shape
         return t[:, :, None].expand(b, kv, self.groups, s, hd).reshape(b, kv * self.groups, s, hd)
 
+    def finish_layer(self, i: int, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     mask: torch.Tensor | None, causal: bool, want: set, captured: dict) -> torch.Tensor:
+        """Layer i after q/k/v: attention (additive `mask`, else causal when `causal`), o_proj, the MLP; records
+        the hidden states at the wanted sites. x [B, T, d]; q [B, H, T, hd]; keys/values [B, KV, S, hd]."""
+        _, _, o_proj, n2, gate_up, down = self.layers[i]
+        B, _, T, hd = q.shape
+        if mask is None:
+            att = F.scaled_dot_product_attention(q, keys, values, is_causal=causal, scale=self.scale,
+                                                 enable_gqa=self.groups > 1)
+        else:
+            att = F.scaled_dot_product_attention(q, self._repeat(keys), self._repeat(values),
+                                                 attn_mask=mask, scale=self.scale)
+        x = x + o_proj(att.transpose(1, 2).reshape(B, T, self.heads * hd))
+        if (i, "attn") in want:
+            captured[(i, "attn")] = x
+        g, u = gate_up(self._rms(x, n2)).chunk(2, dim=-1)
+        x = x + down(F.silu(g) * u)
+        if (i, "mlp") in want:
+            captured[(i, "mlp")] = x
+        return x
+
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: StaticKVCache, position_ids: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, sites: Iterable[Site] = (), logit_rows: int | None = None
@@ -236,26 +263,14 @@ class LeanLlama:
             mask = torch.ones(T, end, dtype=torch.bool, device=ids.device).tril(start)[None, None]
         x = F.embedding(ids, self.embed)                                           # [1, T, d]
         H, KV, hd = self.heads, self.kv_heads, self.head_dim
-        for i, (n1, qkv, o_proj, n2, gate_up, down) in enumerate(self.layers):
+        for i, (n1, qkv, *_) in enumerate(self.layers):
             heads = qkv(self._rms(x, n1)).view(1, T, H + 2 * KV, hd)             # q, k, v heads
             qk = self._rotate(heads[:, :, :H + KV], cos, sin)                       # q and k in one go
             q = qk[:, :, :H].transpose(1, 2)                                        # [1, H, T, hd]
             cache.k[i, :, :, start:end] = qk[:, :, H:].transpose(1, 2)              # [1, KV, T, hd]
             cache.v[i, :, :, start:end] = heads[:, :, H + KV:].transpose(1, 2)
             keys, values = cache.k[i, :, :, :end], cache.v[i, :, :, :end]         # [1, KV, end, hd]
-            if mask is None:
-                att = F.scaled_dot_product_attention(q, keys, values, is_causal=T > 1, scale=self.scale,
-                                                     enable_gqa=self.groups > 1)
-            else:
-                att = F.scaled_dot_product_attention(q, self._repeat(keys), self._repeat(values),
-                                                     attn_mask=mask, scale=self.scale)
-            x = x + o_proj(att.transpose(1, 2).reshape(1, T, H * hd))
-            if (i, "attn") in want:
-                captured[(i, "attn")] = x
-            g, u = gate_up(self._rms(x, n2)).chunk(2, dim=-1)
-            x = x + down(F.silu(g) * u)
-            if (i, "mlp") in want:
-                captured[(i, "mlp")] = x
+            x = self.finish_layer(i, x, q, keys, values, mask, T > 1, want, captured)
         cache.length = end
         x = x[0, -1:] if logit_rows == -1 else x[0, :logit_rows]
         return self.head(self._rms(x, self.norm)), captured                        # [R, V]

@@ -1,0 +1,147 @@
+"""The batched engine (switchsd/serve): many requests in one target forward, each decoded exactly as alone.
+
+Tiny float64 models: ragged prompt lengths, more requests than slots (rows join as others finish), early EOS,
+trees (copy candidates, EAGLE-3 trees) padded beside one-row steps; greedy outputs equal single-request
+greedy decoding, and sampled outputs equal the single engine's under the same per-request generator.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import EOS, greedy_reference, random_prompt, repetitive_prompt
+from switchsd.core.config import CopyConfig, EngineConfig, NeuralConfig, SamplingConfig
+from switchsd.core.engine import Engine
+from switchsd.core.methods import build_policy
+from switchsd.core.policies import Fixed
+from switchsd.drafters.eagle3 import Eagle3Drafter, TreeConfig
+from switchsd.drafters.oracle import OracleDrafter
+from switchsd.serve.batched import BatchedKV, batch_inputs, batched_forward
+from switchsd.serve.engine import BatchedEngine, tokens_of
+from switchsd.target.lean import LeanLlama
+
+
+def prompts(n: int = 7) -> dict[int, list[int]]:
+    """Ragged lengths; odd ones repeat themselves (the copy drafter accepts there)."""
+    return {i: repetitive_prompt(i, n=8 + 3 * i, reps=2) if i % 2 else random_prompt(i, 5 + 4 * i) for i in range(n)}
+
+
+def engine_for(model, method: str, cfg: EngineConfig, neural=None, eos=(EOS,)) -> Engine:
+    return Engine(model, build_policy(method, eos, CopyConfig(kappa=2), neural,
+                                      neural_cfg=NeuralConfig(shape="tree")), cfg, eos)
+
+
+@pytest.mark.parametrize("method", ["vanilla", "copy", "pld", "copyspec"])
+@pytest.mark.parametrize("max_batch", [1, 3, 8])
+def test_batched_greedy_equals_single_request(tiny_model, method, max_batch):
+    cfg = EngineConfig(max_new_tokens=30, budget=12)
+    ps = prompts()
+    be = BatchedEngine(tiny_model, lambda: engine_for(tiny_model, method, cfg).decoder, cfg, max_batch=max_batch)
+    got = {i: tokens_of(e) for i, e in be.run_all(ps).items()}
+    for i, ids in ps.items():
+        assert got[i] == greedy_reference(tiny_model, ids, 30), (method, i)
+    assert max(be.batch_sizes) == min(max_batch, len(ps))
+    if 1 < max_batch < len(ps):                    # rows left and others joined
+        assert len(set(be.batch_sizes)) > 1
+    if method != "vanilla":                        # drafts were accepted inside the batch
+        assert sum(len(e.accepted) for es in be.run_all(ps).values() for e in es) > 0
+
+
+def test_batched_oracle_trees_and_early_eos(tiny_model):
+    """An oracle drafter (the true continuation, every token accepted) beside plain rows: multi-token commits
+    and different tree widths in one forward; EOS ends rows early."""
+    cfg = EngineConfig(max_new_tokens=40, budget=9)
+    ps = prompts(5)
+    refs = {i: greedy_reference(tiny_model, ids, 40) for i, ids in ps.items()}
+    it = iter(sorted(ps))
+    def make():
+        i = next(it)
+        drafters = [OracleDrafter(ps[i] + refs[i])] if i % 2 == 0 else []
+        return Engine(tiny_model, Fixed(drafters), cfg, (EOS,)).decoder
+    be = BatchedEngine(tiny_model, make, cfg, max_batch=5)
+    evs = be.run_all(ps)
+    for i in ps:
+        assert tokens_of(evs[i]) == refs[i]
+        if i % 2 == 0:                             # budget 9: up to 8 drafted tokens accepted per step
+            assert len(evs[i]) <= 1 + len(refs[i]) // 4, (len(evs[i]), len(refs[i]))
+    assert any(evs[i][-1].finished == "eos" for i in ps) or all(len(refs[i]) == 40 for i in ps)
+
+
+def test_batched_eagle3_trees(tiny_model):
+    from test_eagle3 import write_head
+    import tempfile
+    from pathlib import Path
+    from switchsd.drafters.eagle3_model import load_eagle3
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(3)
+    target = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=6, num_attention_heads=4,
+                                          num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
+                                          eos_token_id=1)).to(torch.float64).eval().requires_grad_(False)
+    with tempfile.TemporaryDirectory() as d:
+        write_head(Path(d))
+        head = load_eagle3(d, target)
+    cfg = EngineConfig(max_new_tokens=24, budget=16, stop_at_eos=False)
+    make = lambda: engine_for(target, "eagle3", cfg, Eagle3Drafter(head, target, TreeConfig(3, 3, 8)), eos=()).decoder  # noqa: E731
+    probe = make()
+    be = BatchedEngine(target, make, cfg, max_batch=4, sites=probe.feature_drafters[0].sites)
+    ps = prompts(6)
+    evs = be.run_all(ps)
+    for i, ids in ps.items():
+        assert tokens_of(evs[i]) == greedy_reference(target, ids, 24, eos=None)
+    assert any(len(e.tree_tokens) > 2 for es in evs.values() for e in es)
+
+
+def test_batched_sampling_follows_each_requests_generator(peaked_model):
+    cfg = EngineConfig(max_new_tokens=20, budget=8, sampling=SamplingConfig(0.9))
+    ps = prompts(4)
+    single = {i: engine_for(peaked_model, "copy", cfg).run(ids, torch.Generator().manual_seed(i)).token_ids
+              for i, ids in ps.items()}
+    be = BatchedEngine(peaked_model, lambda: engine_for(peaked_model, "copy", cfg).decoder, cfg, max_batch=3)
+    got = be.run_all(ps, {i: torch.Generator().manual_seed(i) for i in ps})
+    assert {i: tokens_of(e) for i, e in got.items()} == single
+
+
+def test_batched_kv_keep_and_move(tiny_model):
+    """keep() gathers a branch into place; move() carries a row to another slot; the next forward from the moved
+    row equals the single-request lean forward on a StaticKVCache rolled back the same way."""
+    lean = LeanLlama.of(tiny_model)
+    cache = BatchedKV(lean, 3, 4)
+    toks = random_prompt(1, 9)
+    ids = torch.tensor(toks)[None]
+    batched_forward(lean, ids, cache, torch.arange(9)[None], None, first_slot=2)
+    before = cache.k[:, 2, :, :9].clone()
+    cache.keep(2, 5, [0, 2, 3])                     # positions 0..4, then 5, 7, 8
+    idx = torch.tensor([0, 1, 2, 3, 4, 5, 7, 8])
+    assert cache.lens[2] == 8 and torch.equal(cache.k[:, 2, :, :8], before[:, :, idx])
+    cache.move(2, 0)
+    assert cache.lens[0] == 8 and torch.equal(cache.k[:, 0, :, :8], before[:, :, idx])
+    from switchsd.core.tree import build_tree
+    i2, p2, m2 = batch_inputs([build_tree(3, [], 1)], [8], lean.dtype, "cpu")
+    got, _ = batched_forward(lean, i2, cache, p2, m2, rows=[1])
+    ref = lean.new_cache(16)
+    lean.forward(ids, ref)
+    ref.keep(5, [0, 2, 3])
+    want, _ = lean.forward(torch.tensor([[3]]), ref, torch.tensor([[8]]))
+    assert torch.allclose(got, want, atol=1e-12)
+    cache.lens[:2] = [3, 4]
+    with pytest.raises(ValueError, match="equal length"):
+        batched_forward(lean, torch.zeros(2, 2, dtype=torch.long), cache, torch.zeros(2, 2, dtype=torch.long), None)
+
+
+@pytest.mark.real
+def test_batched_real_model_equals_single_requests(real_lm):
+    """SmolLM2 in float32: vanilla, copy and SwitchSD (per-row gate, EAGLE-3 head) batched equal vanilla."""
+    from switchsd.factory import Drafters, build_engine
+    d = Drafters(real_lm)
+    texts = ["Write a Python function that reverses a list.", "What is 2+2?",
+             "Repeat: the quick brown fox jumps over the lazy dog. The quick brown fox", "List three colors.",
+             "def fib(n):\n    if n < 2:\n        return n\n    return"]
+    ps = {i: real_lm.encode(t, chat=True) for i, t in enumerate(texts)}
+    cfg = EngineConfig(max_new_tokens=24)
+    van = {i: build_engine("vanilla", real_lm, d, cfg).run(ids).token_ids for i, ids in ps.items()}
+    for method in ("vanilla", "copy", "switchsd"):
+        sites = build_engine(method, real_lm, d, cfg).sites
+        be = BatchedEngine(real_lm.model, lambda: build_engine(method, real_lm, d, cfg).decoder, cfg, max_batch=3,
+                           sites=sites)
+        got = {i: tokens_of(e) for i, e in be.run_all(ps).items()}
+        assert got == van, method
