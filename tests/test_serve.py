@@ -17,6 +17,8 @@ from switchsd.core.policies import Fixed
 from switchsd.drafters.eagle3 import Eagle3Drafter, TreeConfig
 from switchsd.drafters.oracle import OracleDrafter
 from switchsd.serve.batched import BatchedKV, batch_inputs, batched_forward
+from switchsd.drafters.base import DraftRequest
+from switchsd.serve.drafting import BatchDrafter
 from switchsd.serve.engine import BatchedEngine, tokens_of
 from switchsd.target.lean import LeanLlama
 
@@ -145,3 +147,79 @@ def test_batched_real_model_equals_single_requests(real_lm):
                            sites=sites)
         got = {i: tokens_of(e) for i, e in be.run_all(ps).items()}
         assert got == van, method
+
+
+class InlineDrafter:
+    """DrafterProcess's interface over in-process BatchDrafters (the schedule without a second process)."""
+
+    def __init__(self, model, gamma):
+        self.d = [BatchDrafter(model, gamma, 8), BatchDrafter(model, gamma, 8)]
+        self.busy, self.calls, self.out = [], [], None
+
+    def submit(self, sub, rows):
+        self.calls.append((sub, sorted(rows)))
+        self.out = self.d[sub].draft(rows)
+
+    def collect(self):
+        self.busy.append((0.0, 0.0))
+        return self.out
+
+
+def test_batch_drafter_equals_the_single_request_draft_model(tiny_model):
+    """BatchDrafter's greedy chains (ragged rows, lazy sync, rows joining and leaving) equal DraftModelDrafter's."""
+    from switchsd.core.smc import self_draft
+    from switchsd.drafters.draft_model import DraftModelDrafter
+    draft = self_draft(tiny_model, 1)
+    bd = BatchDrafter(draft, 3, 4)
+    ps = prompts(5)
+    for step in range(3):
+        rows = {i: ps[i] + [2 + step] * step for i in ps if (i + step) % 4}       # rows come and go
+        got = bd.draft(rows)
+        for i, toks in rows.items():
+            ref = DraftModelDrafter(draft, 64, gamma=3)
+            ref.reset(toks)
+            assert got[i] == ref.propose(DraftRequest(tokens=toks, max_len=3, budget=8)).candidates[0], (step, i)
+
+
+def test_psd_schedule_alternates_and_stays_exact(tiny_model):
+    """MineDraft's schedule: two sub-batches alternate; the drafter drafts one while the other is verified;
+    cold starts are drafted synchronously; outputs equal greedy decoding for every request."""
+    from switchsd.core.smc import self_draft
+    from switchsd.serve.load import Req, external_decoder, run_batched, run_psd
+    cfg = EngineConfig(max_new_tokens=20, budget=8)
+    ps = prompts(6)
+    inline = InlineDrafter(self_draft(tiny_model, 1), 3)
+    reqs = [Req(i, ids, 0.0) for i, ids in ps.items()]
+    trace = run_psd(tiny_model, external_decoder(tiny_model, cfg, (EOS,)), cfg, reqs, 2, inline)
+    for r in reqs:
+        assert r.tokens == greedy_reference(tiny_model, r.ids, 20) and r.finish is not None
+    subs = [s["sub"] for s in trace.spans if s["who"] == "target"]
+    assert subs[:4] == [0, 1, 0, 1]                                 # the target alternates sub-batches
+    assert inline.calls[0][0] == 0 and inline.calls[1][0] == 1     # cold start of 0, then 1 drafted during 0
+    assert max(s["rows"] for s in trace.spans if s["who"] == "target") == 2
+    reqs2 = [Req(i, ids, 0.0) for i, ids in ps.items()]
+    run_batched(tiny_model, external_decoder(tiny_model, cfg, (EOS,)), cfg, reqs2, 3,
+                drafter=BatchDrafter(self_draft(tiny_model, 1), 3, 3))
+    assert all(r.tokens == greedy_reference(tiny_model, r.ids, 20) for r in reqs2)
+
+
+def test_arrivals():
+    from switchsd.serve.load import arrivals
+    assert arrivals(3, 0) == [0.0, 0.0, 0.0]
+    a = arrivals(2000, 4.0, seed=1)
+    assert a == sorted(a) and abs((a[-1] / 1999) - 0.25) < 0.02           # mean gap 1 / rate
+
+
+@pytest.mark.real
+def test_serve_bench_end_to_end(tmp_path, capsys):
+    """The serving benchmark on the offline model (float32): every mode, PSD with a real drafter process;
+    every request identical to single-request greedy decoding; the last line is the JSON summary."""
+    import json
+    from switchsd.serve.bench import main
+    main(["--modes", "vanilla,sd,sps,psd", "--requests", "3", "--max-batch", "2", "--max-new-tokens", "8",
+          "--dtype", "float32", "--out", str(tmp_path)])
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(last["modes"]) == {"vanilla", "sd", "sps", "psd"}
+    assert all(m["identical"] == m["n"] == 3 and m["throughput"] > 0 for m in last["modes"].values())
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert any(s["who"] == "drafter" for s in res["traces"]["psd"])

@@ -57,7 +57,7 @@ class BatchedEngine:
         self.waiting.append((rid, tokens, generator))
 
     @torch.inference_mode()
-    def _admit(self) -> None:
+    def admit(self) -> None:
         """Prefill waiting requests into free slots (one forward each)."""
         while self.waiting and len(self.rows) < self.max_batch:
             rid, tokens, gen = self.waiting.pop(0)
@@ -75,7 +75,7 @@ class BatchedEngine:
     @torch.inference_mode()
     def step(self) -> list[tuple[object, StepEvent]]:
         """Admit waiting requests, then one batched verify forward over every active row."""
-        self._admit()
+        self.admit()
         if not self.rows:
             return []
         plans = [row.decoder.plan(row.req) for row in self.rows]

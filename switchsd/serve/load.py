@@ -1,0 +1,210 @@
+"""Offered load: a request stream (Poisson arrivals, or all at once) served by one decoding mode, with the
+per-request times (arrival, first token, finish) and the per-step trace (who was busy when).
+
+Modes (`run_mode`):
+    vanilla       batched plain decoding
+    sd            batched speculative decoding with a method of the factory (default SwitchSD, per-row gate)
+    sps           batched SD with a draft model drafting in THIS process, between verify steps
+    psd           MineDraft's batch-parallel SD: two sub-batches; while the target verifies one, the drafter
+                  process drafts the other (drafter pinned to its own core, one thread; the target likewise)
+A `-1core` suffix (e.g. `sps-1core`) runs the mode on one core (target and any drafter share it): the baseline of
+MineDraft's one-extra-device comparison.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..core.config import EngineConfig
+from ..core.engine import Engine
+from ..core.policies import Fixed
+from .drafting import BatchDrafter, DrafterProcess, ExternalDrafter, load_draft
+from .engine import BatchedEngine
+
+
+@dataclass
+class Req:
+    rid: int
+    ids: list[int]
+    arrival: float                      # seconds after the run starts
+    first: float | None = None          # first token committed
+    finish: float | None = None
+    tokens: list[int] = field(default_factory=list)
+
+
+def arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
+    """Poisson arrivals at `rate` requests/s (exponential gaps, seeded); rate <= 0: all at t = 0."""
+    if rate <= 0:
+        return [0.0] * n
+    r, t, out = random.Random(seed), 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += r.expovariate(rate)
+    return out
+
+
+@contextlib.contextmanager
+def cores(threads: int, core: int | None = None):
+    """torch threads (and CPU affinity when `core` is given) for the duration of a run."""
+    old_threads = torch.get_num_threads()
+    old_aff = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    torch.set_num_threads(threads)
+    if core is not None and old_aff is not None:
+        os.sched_setaffinity(0, {core})
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old_threads)
+        if core is not None and old_aff is not None:
+            os.sched_setaffinity(0, old_aff)
+
+
+class Trace:
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.spans: list[dict] = []         # {"who": "target" | "drafter", "start", "end", "rows", "sub"}
+
+    def add(self, who: str, start: float, end: float, rows: int = 0, sub: int = 0) -> None:
+        self.spans.append({"who": who, "start": start - self.t0, "end": end - self.t0, "rows": rows, "sub": sub})
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+def _record(reqs: dict, trace: Trace, events) -> None:
+    t = trace.now()
+    for rid, e in events:
+        r = reqs[rid]
+        if r.first is None:
+            r.first = t
+        r.tokens += e.new_tokens
+        if e.finished:
+            r.finish = t
+
+
+def _admit_arrivals(pending: list[Req], trace: Trace, submit) -> None:
+    now = trace.now()
+    while pending and pending[0].arrival <= now:
+        r = pending.pop(0)
+        submit(r)
+
+
+def _idle_until(pending: list[Req], trace: Trace) -> None:
+    if pending:
+        time.sleep(max(0.0, pending[0].arrival - trace.now()))
+
+
+def run_batched(model, make_decoder, cfg: EngineConfig, reqs: list[Req], max_batch: int, sites=(),
+                drafter: BatchDrafter | None = None) -> Trace:
+    """vanilla / sd / sps: one batched engine; with `drafter`, it drafts every active row before each verify."""
+    be = BatchedEngine(model, make_decoder, cfg, max_batch, sites=sites)
+    by_id = {r.rid: r for r in reqs}
+    pending = sorted(reqs, key=lambda r: r.arrival)
+    trace = Trace()
+    while pending or be.rows or be.waiting:
+        _admit_arrivals(pending, trace, lambda r: be.submit(r.rid, r.ids))
+        be.admit()
+        if not be.rows:
+            _idle_until(pending, trace)
+            continue
+        if drafter is not None:
+            t0 = time.perf_counter()
+            drafts = drafter.draft({row.rid: row.req.tokens for row in be.rows})
+            for row in be.rows:
+                row.decoder.policy.drafters[0].put(drafts[row.rid])
+            trace.add("drafter", t0, time.perf_counter(), len(be.rows))
+        t0 = time.perf_counter()
+        events = be.step()
+        trace.add("target", t0, time.perf_counter(), len(events))
+        _record(by_id, trace, events)
+    return trace
+
+
+def run_psd(model, make_decoder, cfg: EngineConfig, reqs: list[Req], sub_batch: int, proc: DrafterProcess) -> Trace:
+    """MineDraft's schedule: sub-batch S's drafts were made while S' = the other was verified; each step sends
+    S''s rows to the drafter, verifies S, then collects S''s drafts. Cold start (no drafts for S yet): S is
+    drafted first, synchronously (a plain SD step). Each sub-batch holds up to `sub_batch` requests."""
+    subs = [BatchedEngine(model, make_decoder, cfg, sub_batch), BatchedEngine(model, make_decoder, cfg, sub_batch)]
+    by_id = {r.rid: r for r in reqs}
+    pending = sorted(reqs, key=lambda r: r.arrival)
+    trace = Trace()
+    ready: list[dict | None] = [None, None]
+    S = 0
+
+    def submit(r: Req) -> None:        # balance the two sub-batches
+        load = [len(b.rows) + len(b.waiting) for b in subs]
+        subs[load.index(min(load))].submit(r.rid, r.ids)
+
+    def rows_of(b: BatchedEngine) -> dict:
+        return {row.rid: row.req.tokens for row in b.rows}
+
+    while pending or any(b.rows or b.waiting for b in subs):
+        _admit_arrivals(pending, trace, submit)
+        for b in subs:
+            b.admit()
+        if not subs[S].rows:
+            S = 1 - S
+            if not subs[S].rows:
+                _idle_until(pending, trace)
+                continue
+        O = 1 - S
+        if ready[S] is None:                                  # cold start: a plain SD step for S
+            proc.submit(S, rows_of(subs[S]))
+            ready[S] = proc.collect()
+            trace.add("drafter", *proc.busy[-1], len(ready[S]), S)
+        sent = bool(subs[O].rows)
+        if sent:                                              # the drafter drafts O while the target verifies S
+            proc.submit(O, rows_of(subs[O]))
+        for row in subs[S].rows:
+            row.decoder.policy.drafters[0].put(ready[S].get(row.rid, []))
+        t0 = time.perf_counter()
+        events = subs[S].step()
+        trace.add("target", t0, time.perf_counter(), len(events), S)
+        _record(by_id, trace, events)
+        ready[S] = None
+        if sent:
+            ready[O] = proc.collect()
+            trace.add("drafter", *proc.busy[-1], len(ready[O]), O)
+        S = O
+    return trace
+
+
+def external_decoder(model, cfg: EngineConfig, eos):
+    """A row decoder whose drafts come from a BatchDrafter / the drafter process."""
+    return lambda: Engine(model, Fixed([ExternalDrafter()]), cfg, eos).decoder
+
+
+def run_mode(mode: str, lm, cfg: EngineConfig, reqs: list[Req], max_batch: int, *, method: str = "switchsd",
+             draft: str = "self:8", gamma: int = 4, sub_batch: int | None = None, drafters=None) -> Trace:
+    from ..factory import Drafters, build_engine
+    base, one = mode.removesuffix("-1core"), mode.endswith("-1core")
+    n_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    eos = lm.eos_ids()
+    if base in ("vanilla", "sd"):
+        m = "vanilla" if base == "vanilla" else method
+        drafters = drafters or Drafters(lm)
+        sites = build_engine(m, lm, drafters, cfg).sites
+        with cores(1 if one else n_cores, 0 if one else None):
+            return run_batched(lm.model, lambda: build_engine(m, lm, drafters, cfg).decoder, cfg, reqs, max_batch,
+                               sites)
+    if base == "sps":
+        bd = BatchDrafter(load_draft(lm, draft), gamma, max_batch)
+        with cores(1 if one else n_cores, 0 if one else None):
+            bd.draft({-1: reqs[0].ids})                       # warm (pack weights) outside the timed part
+            return run_batched(lm.model, external_decoder(lm.model, cfg, eos), cfg, reqs, max_batch, drafter=bd)
+    if base == "psd":
+        if one:
+            raise ValueError("psd needs two cores (one for the target, one for the drafter)")
+        proc = DrafterProcess(lm.name, str(lm.dtype).removeprefix("torch."), draft, gamma, sub_batch or max_batch,
+                              core=1 % n_cores)
+        try:
+            with cores(1, 0):
+                return run_psd(lm.model, external_decoder(lm.model, cfg, eos), cfg, reqs, sub_batch or max_batch, proc)
+        finally:
+            proc.close()
+    raise ValueError(f"unknown mode {mode!r}: vanilla, sd, sps, psd (and X-1core)")
