@@ -7,7 +7,7 @@ from switchsd.core.config import CopyConfig, EngineConfig, GateConfig, SamplingC
 from switchsd.core.methods import METHODS
 from switchsd.core.rules import RULES
 
-from . import handlers, plots, probelab, verifylab
+from . import handlers, plots, probelab, serving, verifylab
 from .render import CSS
 from .guard import GUARD
 from .resources import Resources, UserError
@@ -222,6 +222,40 @@ def verification_lab_tab(res: Resources) -> gr.Plot:
     return pareto
 
 
+def serving_tab(res: Resources) -> None:
+    """A small request load: batched SD vs MineDraft's PSD, drawn as it runs."""
+    with gr.Tab("Serving", id="tab-serving"):
+        gr.Markdown("Many requests at once. **SD**: one process drafts (the model's first 8 layers as the draft "
+                    "model) and then verifies, for the whole batch. **PSD** (MineDraft): the drafter runs in its "
+                    "own process on its own core and drafts one sub-batch while the target verifies the other. "
+                    "Outputs are identical either way (greedy); only the timing differs. "
+                    "`python -m switchsd.serve_bench` measures the same at larger loads.")
+        with gr.Row():
+            lo, hi = serving.LIMITS["requests"]
+            n = gr.Slider(lo, hi, value=6, step=1, label="Requests", elem_id="sv-requests")
+            lo, hi = serving.LIMITS["max_batch"]
+            b = gr.Slider(lo, hi, value=2, step=1, label="Max batch (per sub-batch for PSD)", elem_id="sv-batch")
+            lo, hi = serving.LIMITS["max_new"]
+            m = gr.Slider(lo, hi, value=24, step=1, label="Max new tokens", elem_id="sv-max-new")
+            lo, hi = serving.LIMITS["rate"]
+            r = gr.Slider(lo, hi, value=0.0, step=0.5, label="Arrivals per second (0: all at once)",
+                          elem_id="sv-rate")
+        go = gr.Button("Run the load", variant="primary", elem_id="sv-run")
+        info = gr.HTML(elem_id="sv-summary")
+        gantt = gr.Plot(elem_id="sv-gantt", show_label=False)
+        with gr.Row():
+            prog = gr.Plot(elem_id="sv-progress", show_label=False)
+            lat = gr.Plot(elem_id="sv-latency", show_label=False)
+
+    def run(*a):
+        try:
+            yield from serving.serve(res, *a)
+        except UserError as e:
+            raise gr.Error(str(e))
+    go.click(run, [n, b, m, r], [gantt, prog, lat, info], concurrency_limit=1, concurrency_id="device",
+             api_name="serving")
+
+
 def inspector_tab(run_state: gr.State, gen_ev) -> None:
     with gr.Tab("Step inspector", id="tab-inspect"):
         with gr.Row():
@@ -244,6 +278,7 @@ def build_demo(res: Resources) -> gr.Blocks:
         probe_lab_tab(res)
         inspector_tab(run_state, gen_ev)
         pareto = verification_lab_tab(res)
+        serving_tab(res)
         demo.load(lambda: plots.plot_value(verifylab.pareto()), None, pareto, queue=False)
         demo.load(empty_plots, None, plot_outputs, queue=False)
         demo.load(res.status, None, model_status, queue=False)        # a page opened after the model loaded

@@ -137,3 +137,22 @@ def test_verification_lab_click_a_token(page):
     page.wait_for_function("(document.querySelector('#vl-bars') || {}).innerText?.includes("
                            f"'position {pos}')", timeout=30_000)
     shot(page, "verification_lab")
+
+
+def test_serving_view_runs_sd_and_psd(page):
+    """The Serving tab: a small load under SD and PSD (a real drafter process); the timeline shows both
+    processes' lanes and every request finishes under both modes."""
+    page.get_by_role("tab", name="Serving").click()
+    page.wait_for_selector("#sv-run", timeout=30_000)
+    page.locator("#sv-requests input[type=number]").fill("3")
+    page.locator("#sv-requests input[type=number]").press("Enter")
+    page.locator("#sv-max-new input[type=number]").fill("12")
+    page.locator("#sv-max-new input[type=number]").press("Enter")
+    page.locator("#sv-run").click()
+    page.wait_for_function("(document.querySelector('#sv-summary') || {}).innerText?.includes('Done')",
+                           timeout=300_000)
+    text = page.locator("#sv-summary").inner_text()
+    assert text.count("3/3") == 2, text
+    gantt = page.locator("#sv-gantt").inner_text()
+    assert "PSD (draft and verify overlap) · drafter" in gantt and "SD (draft, then verify) · target" in gantt
+    shot(page, "serving")

@@ -185,12 +185,12 @@ def test_psd_schedule_alternates_and_stays_exact(tiny_model):
     """MineDraft's schedule: two sub-batches alternate; the drafter drafts one while the other is verified;
     cold starts are drafted synchronously; outputs equal greedy decoding for every request."""
     from switchsd.core.smc import self_draft
-    from switchsd.serve.load import Req, external_decoder, run_batched, run_psd
+    from switchsd.serve.load import Req, drain, external_decoder, run_batched, run_psd
     cfg = EngineConfig(max_new_tokens=20, budget=8)
     ps = prompts(6)
     inline = InlineDrafter(self_draft(tiny_model, 1), 3)
     reqs = [Req(i, ids, 0.0) for i, ids in ps.items()]
-    trace = run_psd(tiny_model, external_decoder(tiny_model, cfg, (EOS,)), cfg, reqs, 2, inline)
+    trace = drain(run_psd(tiny_model, external_decoder(tiny_model, cfg, (EOS,)), cfg, reqs, 2, inline))
     for r in reqs:
         assert r.tokens == greedy_reference(tiny_model, r.ids, 20) and r.finish is not None
     subs = [s["sub"] for s in trace.spans if s["who"] == "target"]
@@ -198,8 +198,8 @@ def test_psd_schedule_alternates_and_stays_exact(tiny_model):
     assert inline.calls[0][0] == 0 and inline.calls[1][0] == 1     # cold start of 0, then 1 drafted during 0
     assert max(s["rows"] for s in trace.spans if s["who"] == "target") == 2
     reqs2 = [Req(i, ids, 0.0) for i, ids in ps.items()]
-    run_batched(tiny_model, external_decoder(tiny_model, cfg, (EOS,)), cfg, reqs2, 3,
-                drafter=BatchDrafter(self_draft(tiny_model, 1), 3, 3))
+    drain(run_batched(tiny_model, external_decoder(tiny_model, cfg, (EOS,)), cfg, reqs2, 3,
+                      drafter=BatchDrafter(self_draft(tiny_model, 1), 3, 3)))
     assert all(r.tokens == greedy_reference(tiny_model, r.ids, 20) for r in reqs2)
 
 

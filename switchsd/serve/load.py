@@ -17,6 +17,7 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 
@@ -100,8 +101,9 @@ def _idle_until(pending: list[Req], trace: Trace) -> None:
 
 
 def run_batched(model, make_decoder, cfg: EngineConfig, reqs: list[Req], max_batch: int, sites=(),
-                drafter: BatchDrafter | None = None) -> Trace:
-    """vanilla / sd / sps: one batched engine; with `drafter`, it drafts every active row before each verify."""
+                drafter: BatchDrafter | None = None) -> Iterator[Trace]:
+    """vanilla / sd / sps: one batched engine; with `drafter`, it drafts every active row before each verify.
+    Yields the trace after every step (the studio draws it as it grows); `drain` runs it to the end."""
     be = BatchedEngine(model, make_decoder, cfg, max_batch, sites=sites)
     by_id = {r.rid: r for r in reqs}
     pending = sorted(reqs, key=lambda r: r.arrival)
@@ -122,10 +124,11 @@ def run_batched(model, make_decoder, cfg: EngineConfig, reqs: list[Req], max_bat
         events = be.step()
         trace.add("target", t0, time.perf_counter(), len(events))
         _record(by_id, trace, events)
-    return trace
+        yield trace
 
 
-def run_psd(model, make_decoder, cfg: EngineConfig, reqs: list[Req], sub_batch: int, proc: DrafterProcess) -> Trace:
+def run_psd(model, make_decoder, cfg: EngineConfig, reqs: list[Req], sub_batch: int, proc: DrafterProcess
+            ) -> Iterator[Trace]:
     """MineDraft's schedule: sub-batch S's drafts were made while S' = the other was verified; each step sends
     S''s rows to the drafter, verifies S, then collects S''s drafts. Cold start (no drafts for S yet): S is
     drafted first, synchronously (a plain SD step). Each sub-batch holds up to `sub_batch` requests."""
@@ -171,7 +174,7 @@ def run_psd(model, make_decoder, cfg: EngineConfig, reqs: list[Req], sub_batch: 
             ready[O] = proc.collect()
             trace.add("drafter", *proc.busy[-1], len(ready[O]), O)
         S = O
-    return trace
+        yield trace
 
 
 def external_decoder(model, cfg: EngineConfig, eos):
@@ -179,8 +182,21 @@ def external_decoder(model, cfg: EngineConfig, eos):
     return lambda: Engine(model, Fixed([ExternalDrafter()]), cfg, eos).decoder
 
 
-def run_mode(mode: str, lm, cfg: EngineConfig, reqs: list[Req], max_batch: int, *, method: str = "switchsd",
-             draft: str = "self:8", gamma: int = 4, sub_batch: int | None = None, drafters=None) -> Trace:
+def drain(steps: Iterator[Trace]) -> Trace:
+    trace = None
+    for trace in steps:
+        pass
+    return trace
+
+
+def run_mode(mode: str, lm, cfg: EngineConfig, reqs: list[Req], max_batch: int, **kw) -> Trace:
+    """Serve `reqs` under `mode` to the end (see iter_mode)."""
+    return drain(iter_mode(mode, lm, cfg, reqs, max_batch, **kw))
+
+
+def iter_mode(mode: str, lm, cfg: EngineConfig, reqs: list[Req], max_batch: int, *, method: str = "switchsd",
+              draft: str = "self:8", gamma: int = 4, sub_batch: int | None = None, drafters=None) -> Iterator[Trace]:
+    """Serve `reqs` under `mode`, yielding the trace after every target step (the requests fill in as they go)."""
     from ..factory import Drafters, build_engine
     base, one = mode.removesuffix("-1core"), mode.endswith("-1core")
     n_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -190,21 +206,24 @@ def run_mode(mode: str, lm, cfg: EngineConfig, reqs: list[Req], max_batch: int, 
         drafters = drafters or Drafters(lm)
         sites = build_engine(m, lm, drafters, cfg).sites
         with cores(1 if one else n_cores, 0 if one else None):
-            return run_batched(lm.model, lambda: build_engine(m, lm, drafters, cfg).decoder, cfg, reqs, max_batch,
-                               sites)
-    if base == "sps":
+            yield from run_batched(lm.model, lambda: build_engine(m, lm, drafters, cfg).decoder, cfg, reqs,
+                                   max_batch, sites)
+    elif base == "sps":
         bd = BatchDrafter(load_draft(lm, draft), gamma, max_batch)
         with cores(1 if one else n_cores, 0 if one else None):
             bd.draft({-1: reqs[0].ids})                       # warm (pack weights) outside the timed part
-            return run_batched(lm.model, external_decoder(lm.model, cfg, eos), cfg, reqs, max_batch, drafter=bd)
-    if base == "psd":
+            yield from run_batched(lm.model, external_decoder(lm.model, cfg, eos), cfg, reqs, max_batch,
+                                   drafter=bd)
+    elif base == "psd":
         if one:
             raise ValueError("psd needs two cores (one for the target, one for the drafter)")
         proc = DrafterProcess(lm.name, str(lm.dtype).removeprefix("torch."), draft, gamma, sub_batch or max_batch,
                               core=1 % n_cores)
         try:
             with cores(1, 0):
-                return run_psd(lm.model, external_decoder(lm.model, cfg, eos), cfg, reqs, sub_batch or max_batch, proc)
+                yield from run_psd(lm.model, external_decoder(lm.model, cfg, eos), cfg, reqs,
+                                   sub_batch or max_batch, proc)
         finally:
             proc.close()
-    raise ValueError(f"unknown mode {mode!r}: vanilla, sd, sps, psd (and X-1core)")
+    else:
+        raise ValueError(f"unknown mode {mode!r}: vanilla, sd, sps, psd (and X-1core)")
