@@ -33,12 +33,14 @@ def main() -> None:
         go.Figure(fig).write_image(str(out / "pareto.png"), width=1000, height=520)
     except Exception as e:          # kaleido needs a Chrome: the JSON summary is always written
         print(f"(PNG skipped: {e.__class__.__name__})", file=sys.stderr)
-    print("| spec | accuracy (95% CI) | tok/fwd | Tok/s | low-p rate | rejected | extra |\n|---|---|---|---|---|---|---|")
+    print("| spec | accuracy (95% CI) | tok/fwd | Tok/s | low-p rate | overshoot mass | rejected | extra |\n"
+          "|---|---|---|---|---|---|---|---|")
     for spec, s in merged["rules"].items():
         extra = ", ".join(f"{k} {s[k]:.3f}" for k in ("trigger_rate", "mean_ess", "resample_rate") if k in s)
         rej = f"{s['rejected_share']:.2f}" if s["rejected_share"] >= 0 else "n/a (no rejection)"
+        om = f"{s['overshoot_mass']:.3f}" if "overshoot_mass" in s else "-"
         print(f"| {s['label']} | {s['accuracy']:.3f} ({s['ci'][0]:.3f}-{s['ci'][1]:.3f}) | "
-              f"{s['tokens_per_forward']:.2f} | {s['tok_s']:.1f} | {s['low_p_rate']:.4f} | {rej} | {extra} |")
+              f"{s['tokens_per_forward']:.2f} | {s['tok_s']:.1f} | {s['low_p_rate']:.4f} | {om} | {rej} | {extra} |")
     for m in merged["meta"]:
         print(f"\n`{m['command']}`")
 

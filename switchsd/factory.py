@@ -177,7 +177,7 @@ def build_engine(method: str, lm: LoadedModel, drafters: Drafters | None = None,
     kind = {"switchsd": "eagle3", "switchsd-paper": "eagle3", "switchsd-sps": "sps",
             "switchsd-sps-paper": "sps"}.get(name, name if name in NEURAL_METHODS else fallback)
     drafter = probe = tau = None
-    if name in NEEDS_NEURAL or (name == "copyspec" and drafters.available(kind)):
+    if name in NEEDS_NEURAL or (name in ("copyspec", "samd") and drafters.available(kind)):
         drafter = drafters.make(kind, neural, engine.sampling, seed, cost_gate)
     if name in NEEDS_PROBE:
         probe = drafters.probe

@@ -156,9 +156,9 @@ class InlineDrafter:
         self.d = [BatchDrafter(model, gamma, 8), BatchDrafter(model, gamma, 8)]
         self.busy, self.calls, self.out = [], [], None
 
-    def submit(self, sub, rows):
+    def submit(self, sub, rows, n=None):
         self.calls.append((sub, sorted(rows)))
-        self.out = self.d[sub].draft(rows)
+        self.out = self.d[sub].draft(rows, n)
 
     def collect(self):
         self.busy.append((0.0, 0.0))
@@ -223,3 +223,19 @@ def test_serve_bench_end_to_end(tmp_path, capsys):
     assert all(m["identical"] == m["n"] == 3 and m["throughput"] > 0 for m in last["modes"].values())
     res = json.loads((tmp_path / "results.json").read_text())
     assert any(s["who"] == "drafter" for s in res["traces"]["psd"])
+
+
+def test_pearl_keeps_only_fully_accepted_optimistic_blocks(tiny_model):
+    """PEARL: the optimistic next block is used only where every draft was accepted and the bonus guessed;
+    outputs stay equal to greedy decoding."""
+    from switchsd.core.smc import self_draft
+    from switchsd.serve.load import Req, drain, external_decoder, run_pearl
+    cfg = EngineConfig(max_new_tokens=20, budget=8)
+    ps = prompts(4)
+    inline = InlineDrafter(self_draft(tiny_model, 1), 3)
+    reqs = [Req(i, ids, 0.0) for i, ids in ps.items()]
+    drain(run_pearl(tiny_model, external_decoder(tiny_model, cfg, (EOS,)), cfg, reqs, 4, inline, 3))
+    for r in reqs:
+        assert r.tokens == greedy_reference(tiny_model, r.ids, 20)
+    sizes = [len(rows) for _, rows in inline.calls]
+    assert sizes[0] == 4 and any(n < 4 for n in sizes[2::2])     # cold start, then only the missed rows

@@ -56,14 +56,22 @@ class LookupConfig:
     """The other copy drafters. Prompt lookup (method `pld`, and the cost gate's lookup option): the continuation
     (<= `pld_tokens`) of the last 1..`pld_max_ngram` tokens' earlier occurrence, as transformers'
     `prompt_lookup_num_tokens=10` does. CopySpec: the `copyspec_ngram`-gram's earliest occurrence, then
-    `copyspec_tokens` tokens (its Spec-Bench settings)."""
+    `copyspec_tokens` tokens (its Spec-Bench settings). SAM-Decoding: the suffix automaton's chain of
+    `samd_n_predicts` tokens when its match is >= `samd_len_threshold` tokens long, else the neural drafter; without
+    one, min(n_predicts, 1 + `samd_alpha` x match) tokens (Spec-Bench: 40, 5; the reference's alpha 4)."""
     pld_max_ngram: int = 2
     pld_tokens: int = 10
     copyspec_ngram: int = 3
     copyspec_tokens: int = 10
+    samd_n_predicts: int = 40
+    samd_len_threshold: int = 5
+    samd_alpha: float = 4.0
 
     def __post_init__(self):
-        for k in ("pld_max_ngram", "pld_tokens", "copyspec_ngram", "copyspec_tokens"):
+        if not self.samd_alpha > 0:
+            raise ValueError(f"samd_alpha must be > 0, got {self.samd_alpha}")
+        for k in ("pld_max_ngram", "pld_tokens", "copyspec_ngram", "copyspec_tokens", "samd_n_predicts",
+                  "samd_len_threshold"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
 

@@ -7,10 +7,11 @@ from .config import CopyConfig, GateConfig, LookupConfig, NeuralConfig
 from .costs import VerifyCost
 from ..drafters.base import Drafter
 from ..drafters.copy import CopyDrafter, CopySpecDrafter, PLDDrafter
-from .policies import BanditSpec, CostAware, Fixed, Policy, SwitchSD
+from ..drafters.sam import SAMDrafter
+from .policies import SAMD, BanditSpec, CostAware, Fixed, Policy, SwitchSD
 
 METHODS = ("vanilla", "copy", "pld", "copyspec", "eagle3", "sps", "switchsd", "switchsd-paper", "switchsd-sps",
-           "switchsd-sps-paper", "banditspec", "smc")
+           "switchsd-sps-paper", "banditspec", "samd", "smc")
 # approximate methods (not lossless; sampling only): SMC-SD keeps every drafted token and weights particles
 APPROXIMATE = ("smc",)
 NEURAL_METHODS = ("eagle3", "sps")
@@ -45,6 +46,9 @@ def build_policy(method: str, eos_ids: Sequence[int] = (), copy_cfg: CopyConfig 
     if method == "copyspec":
         return Fixed([CopySpecDrafter(lookup.copyspec_ngram, lookup.copyspec_tokens)] +
                      ([neural] if neural is not None else []))
+    if method == "samd":
+        return SAMD(SAMDrafter(lookup.samd_n_predicts, lookup.samd_alpha), neural, lookup.samd_len_threshold,
+                    lookup.samd_alpha)
     if method in NEEDS_PROBE:
         if tau is None:
             raise ValueError(f"method {method!r} needs a copy-intent probe (--probe FILE)")

@@ -68,6 +68,27 @@ class SwitchSD:
         pass
 
 
+class SAMD:
+    """SAM-Decoding's adaptive rule: the suffix automaton's copy when its match (the longest suffix of the text
+    that occurred earlier) is at least `len_threshold` tokens, else the auxiliary drafter. Without one, the
+    automaton drafts every step, min(n_predicts, 1 + alpha * match) tokens."""
+
+    def __init__(self, sam, neural=None, len_threshold: int = 5, alpha: float = 4.0):
+        self.sam, self.neural, self.len_threshold, self.alpha = sam, neural, len_threshold, alpha
+        self.drafters = [sam] + ([neural] if neural is not None else [])
+
+    def select(self, state: PolicyState) -> tuple[list, dict]:
+        self.sam.sam.extend(state.tokens)
+        n = self.sam.match_len
+        if self.neural is None:
+            return [self.sam], {"match_len": n, "max_len": min(self.sam.n_predicts, 1 + int(self.alpha * n))}
+        fire = n >= self.len_threshold
+        return ([self.sam] if fire else [self.neural]), {"match_len": n, "samd_copy": fire}
+
+    def observe(self, event) -> None:
+        pass
+
+
 class BanditSpec:
     """UCB1 over the arms {copy, neural}; reward = tokens per second of the step (new tokens / step time),
     normalised by the largest reward seen so rewards lie in [0, 1]. Each arm is played `warmup` times first.

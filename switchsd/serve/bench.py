@@ -4,7 +4,8 @@
         --max-new-tokens 64 --out runs/serve
 
 Modes (switchsd/serve/load.py): vanilla, sd (`--method`, default switchsd), sps (`--draft` model drafting in
-this process), psd (MineDraft: the drafter in its own process; the target and the drafter one core each);
+this process), psd (MineDraft: the drafter in its own process; the target and the drafter one core each), pearl
+(one batch, the next block drafted optimistically during each verify);
 `X-1core` runs X on one core. Fairness, as in MineDraft: PSD holds TWO sub-batches of `--psd-sub-batch`
 (default `--max-batch`) requests each, so at max batch B it serves up to 2B requests at once; pass
 `--psd-sub-batch B/2` for equal concurrency.
@@ -84,9 +85,10 @@ def main(argv=None) -> None:
     add_model_args(ap)
     args = ap.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m.removesuffix("-1core") not in ("vanilla", "sd", "sps", "psd") or m == "psd-1core"]
+    bad = [m for m in modes if m.removesuffix("-1core") not in ("vanilla", "sd", "sps", "psd", "pearl")
+           or m in ("psd-1core", "pearl-1core")]
     if bad or not modes:
-        ap.error(f"unknown mode(s) {bad}: vanilla, sd, sps, psd, and vanilla-1core / sd-1core / sps-1core")
+        ap.error(f"unknown mode(s) {bad}: vanilla, sd, sps, psd, pearl, and vanilla-1core / sd-1core / sps-1core")
     for k in ("requests", "max_batch", "max_new_tokens", "gamma"):
         if getattr(args, k) < 1:
             ap.error(f"--{k.replace('_', '-')} must be >= 1")

@@ -34,16 +34,20 @@ class BatchDrafter:
 
     @torch.inference_mode()
     def _slots_for(self, rids: Sequence) -> None:
-        """Make `rids` the resident requests, in this order (new ones start empty; absent ones leave)."""
+        """Put `rids` in slots 0..len(rids)-1 (the rows of the next forwards); other resident requests keep
+        their state in the slots after them until the slots run out (new requests start empty)."""
         rids = list(rids)
-        if rids == self.rids:
+        slots = self.cache.k.shape[1]
+        if len(rids) > slots:
+            raise ValueError(f"{len(rids)} requests for {slots} drafter slots")
+        asked = set(rids)
+        order = (rids + [r for r in self.rids if r not in asked])[:slots]
+        if order == self.rids:
             return
-        if len(rids) > self.cache.k.shape[1]:
-            raise ValueError(f"{len(rids)} requests for {self.cache.k.shape[1]} drafter slots")
         old = {r: j for j, r in enumerate(self.rids)}
         k, v, lens, seen = self.cache.k.clone(), self.cache.v.clone(), list(self.cache.lens), self.seen
         self.seen = []
-        for i, r in enumerate(rids):
+        for i, r in enumerate(order):
             j = old.get(r)
             n = 0 if j is None else lens[j]
             if j is not None and j != i:             # moved: its keys/values from the snapshot
@@ -51,11 +55,11 @@ class BatchDrafter:
                 self.cache.v[:, i, :, :n] = v[:, j, :, :n]
             self.cache.lens[i] = n
             self.seen.append([] if j is None else seen[j])
-        self.rids = rids
+        self.rids = order
 
     @torch.inference_mode()
-    def draft(self, rows: dict) -> dict:
-        """rows: {rid: committed tokens (pending last)} -> {rid: greedy chain of `gamma` tokens}."""
+    def draft(self, rows: dict, n: int | None = None) -> dict:
+        """rows: {rid: committed tokens (pending last)} -> {rid: greedy chain of `n` (default gamma) tokens}."""
         rids = list(rows)
         if not rids:
             return {}
@@ -73,7 +77,7 @@ class BatchDrafter:
             self.seen[i] = list(toks[:common])
             feeds.append(list(toks[common:]))
         out = {r: [] for r in rids}
-        for _ in range(self.gamma):
+        for _ in range(n or self.gamma):
             trees = [build_tree(f[0], [f[1:]], len(f)) for f in feeds]     # a chain: the row's feed
             ids, pos, mask = batch_inputs(trees, self.cache.lens[:len(rids)], self.lean.dtype, self.lean.device)
             sizes = [len(f) for f in feeds]
@@ -127,9 +131,9 @@ def _drafter_main(conn, model_name: str | None, dtype: str, draft: str, gamma: i
         msg = conn.recv()
         if msg[0] == "stop":
             return
-        _, sub, rows = msg
+        _, sub, rows, n = msg
         t0 = time.perf_counter()
-        out = drafters[sub].draft(rows)
+        out = drafters[sub].draft(rows, n)
         conn.send(("drafts", out, t0, time.perf_counter()))
 
 
@@ -159,8 +163,8 @@ class DrafterProcess:
             raise RuntimeError(f"drafter process failed: {msg}")
         self.busy: list[tuple[float, float]] = []
 
-    def submit(self, sub: int, rows: dict) -> None:
-        self.conn.send(("draft", sub, rows))
+    def submit(self, sub: int, rows: dict, n: int | None = None) -> None:
+        self.conn.send(("draft", sub, rows, n))
 
     def collect(self) -> dict:
         _, out, t0, t1 = self.conn.recv()

@@ -7,6 +7,7 @@ Modes (`run_mode`):
     sps           batched SD with a draft model drafting in THIS process, between verify steps
     psd           MineDraft's batch-parallel SD: two sub-batches; while the target verifies one, the drafter
                   process drafts the other (drafter pinned to its own core, one thread; the target likewise)
+    pearl         one batch; the drafter process drafts the next block optimistically during each verify
 A `-1core` suffix (e.g. `sps-1core`) runs the mode on one core (target and any drafter share it): the baseline of
 MineDraft's one-extra-device comparison.
 """
@@ -177,6 +178,45 @@ def run_psd(model, make_decoder, cfg: EngineConfig, reqs: list[Req], sub_batch: 
         yield trace
 
 
+def run_pearl(model, make_decoder, cfg: EngineConfig, reqs: list[Req], max_batch: int, proc: DrafterProcess,
+              gamma: int) -> Iterator[Trace]:
+    """PEARL (MineDraft's `force_pearl`): one batch; while the target verifies this step's drafts, the drafter
+    drafts the NEXT block optimistically, as if every draft were accepted: gamma + 1 tokens, the first being its
+    guess of the target's bonus. A row keeps that next block only when all its drafts were accepted and the bonus
+    matches the guess; the other rows are drafted again, synchronously, before the next verify."""
+    be = BatchedEngine(model, make_decoder, cfg, max_batch)
+    by_id = {r.rid: r for r in reqs}
+    pending = sorted(reqs, key=lambda r: r.arrival)
+    trace = Trace()
+    ready: dict = {}                                       # rid -> draft for its current pending token
+    while pending or be.rows or be.waiting:
+        _admit_arrivals(pending, trace, lambda r: be.submit(r.rid, r.ids))
+        be.admit()
+        if not be.rows:
+            _idle_until(pending, trace)
+            continue
+        missing = {row.rid: row.req.tokens for row in be.rows if row.rid not in ready}
+        if missing:                                        # cold start, or the optimistic block missed
+            proc.submit(0, missing)
+            ready.update(proc.collect())
+            trace.add("drafter", *proc.busy[-1], len(missing))
+        drafts = {row.rid: ready.pop(row.rid) for row in be.rows}
+        proc.submit(0, {row.rid: row.req.tokens + drafts[row.rid] for row in be.rows}, gamma + 1)
+        for row in be.rows:
+            row.decoder.policy.drafters[0].put(drafts[row.rid])
+        t0 = time.perf_counter()
+        events = be.step()
+        trace.add("target", t0, time.perf_counter(), len(events))
+        nxt = proc.collect()
+        trace.add("drafter", *proc.busy[-1], len(nxt))
+        for rid, e in events:
+            guess = nxt[rid]
+            if not e.finished and e.accepted == drafts[rid] and e.bonus == guess[0]:
+                ready[rid] = guess[1:]                     # all accepted and the bonus guessed: keep the block
+        _record(by_id, trace, events)
+        yield trace
+
+
 def external_decoder(model, cfg: EngineConfig, eos):
     """A row decoder whose drafts come from a BatchDrafter / the drafter process."""
     return lambda: Engine(model, Fixed([ExternalDrafter()]), cfg, eos).decoder
@@ -214,6 +254,15 @@ def iter_mode(mode: str, lm, cfg: EngineConfig, reqs: list[Req], max_batch: int,
             bd.draft({-1: reqs[0].ids})                       # warm (pack weights) outside the timed part
             yield from run_batched(lm.model, external_decoder(lm.model, cfg, eos), cfg, reqs, max_batch,
                                    drafter=bd)
+    elif base == "pearl":
+        proc = DrafterProcess(lm.name, str(lm.dtype).removeprefix("torch."), draft, gamma, max_batch,
+                              core=1 % n_cores)
+        try:
+            with cores(1, 0):
+                yield from run_pearl(lm.model, external_decoder(lm.model, cfg, eos), cfg, reqs, max_batch, proc,
+                                     gamma)
+        finally:
+            proc.close()
     elif base == "psd":
         if one:
             raise ValueError("psd needs two cores (one for the target, one for the drafter)")
@@ -226,4 +275,4 @@ def iter_mode(mode: str, lm, cfg: EngineConfig, reqs: list[Req], max_batch: int,
         finally:
             proc.close()
     else:
-        raise ValueError(f"unknown mode {mode!r}: vanilla, sd, sps, psd (and X-1core)")
+        raise ValueError(f"unknown mode {mode!r}: vanilla, sd, sps, psd, pearl (and X-1core)")
