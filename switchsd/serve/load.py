@@ -101,6 +101,25 @@ def _idle_until(pending: list[Req], trace: Trace) -> None:
         time.sleep(max(0.0, pending[0].arrival - trace.now()))
 
 
+def _ready(be: BatchedEngine, pending: list[Req], trace: Trace) -> bool:
+    """Admit the arrived requests; False (after idling until the next arrival) when no row is active."""
+    _admit_arrivals(pending, trace, lambda r: be.submit(r.rid, r.ids))
+    be.admit()
+    if not be.rows:
+        _idle_until(pending, trace)
+        return False
+    return True
+
+
+def _verify(be: BatchedEngine, trace: Trace, by_id: dict, sub: int = 0) -> list:
+    """One batched verify step, traced; the requests' times and tokens recorded."""
+    t0 = time.perf_counter()
+    events = be.step()
+    trace.add("target", t0, time.perf_counter(), len(events), sub)
+    _record(by_id, trace, events)
+    return events
+
+
 def run_batched(model, make_decoder, cfg: EngineConfig, reqs: list[Req], max_batch: int, sites=(),
                 drafter: BatchDrafter | None = None) -> Iterator[Trace]:
     """vanilla / sd / sps: one batched engine; with `drafter`, it drafts every active row before each verify.
@@ -110,10 +129,7 @@ def run_batched(model, make_decoder, cfg: EngineConfig, reqs: list[Req], max_bat
     pending = sorted(reqs, key=lambda r: r.arrival)
     trace = Trace()
     while pending or be.rows or be.waiting:
-        _admit_arrivals(pending, trace, lambda r: be.submit(r.rid, r.ids))
-        be.admit()
-        if not be.rows:
-            _idle_until(pending, trace)
+        if not _ready(be, pending, trace):
             continue
         if drafter is not None:
             t0 = time.perf_counter()
@@ -121,10 +137,7 @@ def run_batched(model, make_decoder, cfg: EngineConfig, reqs: list[Req], max_bat
             for row in be.rows:
                 row.decoder.policy.drafters[0].put(drafts[row.rid])
             trace.add("drafter", t0, time.perf_counter(), len(be.rows))
-        t0 = time.perf_counter()
-        events = be.step()
-        trace.add("target", t0, time.perf_counter(), len(events))
-        _record(by_id, trace, events)
+        _verify(be, trace, by_id)
         yield trace
 
 
@@ -166,10 +179,7 @@ def run_psd(model, make_decoder, cfg: EngineConfig, reqs: list[Req], sub_batch: 
             proc.submit(O, rows_of(subs[O]))
         for row in subs[S].rows:
             row.decoder.policy.drafters[0].put(ready[S].get(row.rid, []))
-        t0 = time.perf_counter()
-        events = subs[S].step()
-        trace.add("target", t0, time.perf_counter(), len(events), S)
-        _record(by_id, trace, events)
+        _verify(subs[S], trace, by_id, S)
         ready[S] = None
         if sent:
             ready[O] = proc.collect()
@@ -190,10 +200,7 @@ def run_pearl(model, make_decoder, cfg: EngineConfig, reqs: list[Req], max_batch
     trace = Trace()
     ready: dict = {}                                       # rid -> draft for its current pending token
     while pending or be.rows or be.waiting:
-        _admit_arrivals(pending, trace, lambda r: be.submit(r.rid, r.ids))
-        be.admit()
-        if not be.rows:
-            _idle_until(pending, trace)
+        if not _ready(be, pending, trace):
             continue
         missing = {row.rid: row.req.tokens for row in be.rows if row.rid not in ready}
         if missing:                                        # cold start, or the optimistic block missed
@@ -204,16 +211,13 @@ def run_pearl(model, make_decoder, cfg: EngineConfig, reqs: list[Req], max_batch
         proc.submit(0, {row.rid: row.req.tokens + drafts[row.rid] for row in be.rows}, gamma + 1)
         for row in be.rows:
             row.decoder.policy.drafters[0].put(drafts[row.rid])
-        t0 = time.perf_counter()
-        events = be.step()
-        trace.add("target", t0, time.perf_counter(), len(events))
+        events = _verify(be, trace, by_id)
         nxt = proc.collect()
         trace.add("drafter", *proc.busy[-1], len(nxt))
         for rid, e in events:
             guess = nxt[rid]
             if not e.finished and e.accepted == drafts[rid] and e.bonus == guess[0]:
                 ready[rid] = guess[1:]                     # all accepted and the bonus guessed: keep the block
-        _record(by_id, trace, events)
         yield trace
 
 
