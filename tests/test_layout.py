@@ -6,11 +6,14 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LIBRARY = ["switchsd/core", "switchsd/drafters", "switchsd/target", "switchsd/factory.py", "switchsd/io.py", "app"]
+LIBRARY = ["switchsd/core", "switchsd/drafters", "switchsd/target", "switchsd/factory.py", "switchsd/io.py", "app",
+           "switchsd/serve/batched.py", "switchsd/serve/engine.py", "switchsd/serve/drafting.py",
+           "switchsd/serve/load.py"]
 # command-line modules: argument parsing and `main()`; the library never reaches up into them
 CLI = ("switchsd.cli", "switchsd.bench", "switchsd.generate", "switchsd.calibrate", "switchsd.analysis",
        "switchsd.tempsweep", "switchsd.train_eagle3", "switchsd.eval.bench", "switchsd.eval.analysis",
-       "switchsd.eval.tempsweep", "switchsd.training.eagle3")
+       "switchsd.eval.tempsweep", "switchsd.training.eagle3", "switchsd.quality", "switchsd.eval.quality",
+       "switchsd.serve_bench", "switchsd.serve.bench")
 
 
 def _modules(spec: str) -> list[Path]:
