@@ -16,7 +16,8 @@ from switchsd.core.events import StepEvent
 
 from .render import PATH_COLORS
 
-LINE = {"copy": "#e8590c", "neural": "#2f9e44", "vanilla": "#868e96", "smc": "#0ca678", "oracle": "#7048e8"}
+LINE = {"copy": "#e8590c", "neural": "#2f9e44", "vanilla": "#868e96", "smc": "#0ca678", "lookahead": "#1971c2",
+        "oracle": "#7048e8"}
 AXIS = dict(gridcolor="#e9ecef", zerolinecolor="#ced4da", linecolor="#adb5bd", showline=True)
 
 Figure = dict      # Plotly JSON: {"data": [trace dicts], "layout": {...}}

@@ -9,9 +9,11 @@ from typing import Sequence
 
 from switchsd.core.events import StepEvent
 
-PATH_COLORS = {"copy": "#ffd8a8", "neural": "#b2f2bb", "vanilla": "#e9ecef", "smc": "#c3fae8", "oracle": "#d0bfff"}
+PATH_COLORS = {"copy": "#ffd8a8", "neural": "#b2f2bb", "vanilla": "#e9ecef", "smc": "#c3fae8",
+               "lookahead": "#d0ebff", "oracle": "#d0bfff"}
 PATH_NAMES = {"copy": "copied from the context", "neural": "drafted by the neural drafter",
               "vanilla": "plain step (no draft)", "smc": "SMC-SD particle draft (kept, approximate)",
+              "lookahead": "an n-gram of Lookahead's Jacobi window",
               "oracle": "oracle draft"}
 
 CSS = """

@@ -17,7 +17,7 @@ from switchsd.core.methods import build_policy
 
 # every method of switchsd.core.methods.METHODS that runs without a neural drafter (EAGLE3 / SPS need one)
 METHODS = STANDALONE_METHODS
-COPY_METHODS = [m for m in METHODS if m != "vanilla"]
+COPY_METHODS = [m for m in METHODS if m not in ("vanilla", "lookahead")]   # lookahead: its pool starts empty
 MAX_NEW = (1, 2, 7, 40)
 BUDGETS = (1, 2, 5, 32)
 

@@ -66,12 +66,18 @@ class LookupConfig:
     samd_n_predicts: int = 40
     samd_len_threshold: int = 5
     samd_alpha: float = 4.0
+    lookahead_level: int = 5       # Lookahead Decoding: N (n-gram size), W (window), G (guesses per key),
+    lookahead_window: int = 7      # Spec-Bench's settings
+    lookahead_guess: int = 7
 
     def __post_init__(self):
         if not self.samd_alpha > 0:
             raise ValueError(f"samd_alpha must be > 0, got {self.samd_alpha}")
+        if self.lookahead_level < 3 or self.lookahead_window < 2:
+            raise ValueError(f"lookahead needs level >= 3 and window >= 2, got {self.lookahead_level}, "
+                             f"{self.lookahead_window}")
         for k in ("pld_max_ngram", "pld_tokens", "copyspec_ngram", "copyspec_tokens", "samd_n_predicts",
-                  "samd_len_threshold"):
+                  "samd_len_threshold", "lookahead_guess"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
 

@@ -22,11 +22,11 @@ import torch
 
 from .config import EngineConfig
 from .costs import VerifyCost
-from ..drafters.base import Draft, DraftRequest, merge_drafts
+from ..drafters.base import Draft, DraftRequest, Extra, merge_drafts
 from .events import StepEvent, summarize
 from .policies import Policy, PolicyState
 from ..target.forward import make_target
-from .tree import TokenTree, build_tree, tree_mask, tree_positions
+from .tree import TokenTree, build_tree, tree_mask, tree_positions, with_extra
 from .rules import parse_rule
 from .verify import accept_greedy, accept_rule, accept_sampling, target_probs
 
@@ -200,17 +200,23 @@ class Engine:
         self.target.close()
 
     # -- one target forward over the verify rows ------------------------------------------------------
-    def _forward(self, cache, tree: TokenTree) -> torch.Tensor:
+    def _forward(self, cache, tree: TokenTree, extra: Extra | None = None) -> torch.Tensor:
         prefix, n1 = len(cache), len(tree.tokens)
         pad = self.cost.pad_to(n1, max(n1, self.cfg.budget)) - n1 if self.cost is not None else 0
         ids = torch.tensor(tree.tokens + [tree.tokens[0]] * pad, device=self.device)[None]    # [1, n+1+pad]
-        if tree.is_chain and not pad:
+        if tree.is_chain and not pad and extra is None:
             mask = None
             pos = torch.arange(prefix, prefix + n1, device=self.device)[None]
         else:
             mask = tree_mask(tree, prefix, self.model.dtype, self.device, pad)      # [1, 1, m, prefix+m]
             pos = tree_positions(tree, prefix, self.device, pad)                     # [1, m]
-        return self.target.forward(ids, cache, pos, mask, logit_rows=n1)             # [n+1, V] (pad rows dropped)
+        if extra is None:
+            return self.target.forward(ids, cache, pos, mask, logit_rows=n1)         # [n+1, V] (pad rows dropped)
+        mask, pos = with_extra(mask, pos, prefix, extra)                              # + E unverified rows
+        ids = torch.cat([ids, torch.tensor([extra.tokens], device=self.device)], 1)
+        logits = self.target.forward(ids, cache, pos, mask)                          # [m+E, V]
+        extra.absorb(logits[n1 + pad:])
+        return logits[:n1]
 
     def _last(self) -> dict:
         """The last forward's hidden states of the one row: {site: [m, d]}."""
@@ -241,7 +247,7 @@ class Engine:
         while True:
             plan = self.decoder.plan(req)
             prefix = len(cache)
-            logits = self._forward(cache, plan.tree)          # ONE forward verifies every candidate
+            logits = self._forward(cache, plan.tree, plan.draft.extra)   # ONE forward verifies every candidate
             event = self.decoder.settle(req, plan, logits, self._last(), generator,
                                         lambda keep: cache.keep(prefix, keep))
             if event.step == 0:

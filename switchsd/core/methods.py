@@ -7,11 +7,12 @@ from .config import CopyConfig, GateConfig, LookupConfig, NeuralConfig
 from .costs import VerifyCost
 from ..drafters.base import Drafter
 from ..drafters.copy import CopyDrafter, CopySpecDrafter, PLDDrafter
+from ..drafters.lookahead import LookaheadDrafter
 from ..drafters.sam import SAMDrafter
 from .policies import SAMD, BanditSpec, CostAware, Fixed, Policy, SwitchSD
 
 METHODS = ("vanilla", "copy", "pld", "copyspec", "eagle3", "sps", "switchsd", "switchsd-paper", "switchsd-sps",
-           "switchsd-sps-paper", "banditspec", "samd", "smc")
+           "switchsd-sps-paper", "banditspec", "samd", "lookahead", "smc")
 # approximate methods (not lossless; sampling only): SMC-SD keeps every drafted token and weights particles
 APPROXIMATE = ("smc",)
 NEURAL_METHODS = ("eagle3", "sps")
@@ -46,6 +47,8 @@ def build_policy(method: str, eos_ids: Sequence[int] = (), copy_cfg: CopyConfig 
     if method == "copyspec":
         return Fixed([CopySpecDrafter(lookup.copyspec_ngram, lookup.copyspec_tokens)] +
                      ([neural] if neural is not None else []))
+    if method == "lookahead":
+        return Fixed([LookaheadDrafter(lookup.lookahead_level, lookup.lookahead_window, lookup.lookahead_guess)])
     if method == "samd":
         return SAMD(SAMDrafter(lookup.samd_n_predicts, lookup.samd_alpha), neural, lookup.samd_len_threshold,
                     lookup.samd_alpha)

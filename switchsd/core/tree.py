@@ -105,3 +105,21 @@ def tree_positions(tree: TokenTree, prefix_len: int, device, pad: int = 0) -> to
     """Position ids [1, n+1+pad]: the pending token sits at `prefix_len`, a node at prefix_len + depth
     (pad rows at prefix_len)."""
     return (torch.tensor(tree.depths + [0] * pad, dtype=torch.long) + prefix_len).to(device)[None]
+
+
+def with_extra(mask: torch.Tensor, pos: torch.Tensor, prefix_len: int, extra) -> tuple[torch.Tensor, torch.Tensor]:
+    """A tree's mask [1, 1, m, prefix+m] and positions [1, m] grown by a drafter's unverified rows (`Extra`, E
+    of them): they see the prefix, the pending row (0) and the extra rows `extra.sees` marks; no earlier row
+    sees them. -> mask [1, 1, m+E, prefix+m+E], positions [1, m+E]."""
+    _, _, m, S = mask.shape
+    E = len(extra.tokens)
+    lo = torch.finfo(mask.dtype).min
+    out = torch.full((1, 1, m + E, S + E), lo, dtype=mask.dtype, device=mask.device)
+    out[:, :, :m, :S] = mask
+    vis = torch.zeros(E, S + E, dtype=torch.bool)
+    vis[:, :prefix_len] = True
+    vis[:, prefix_len] = extra.sees[:, 0]
+    vis[:, S:] = extra.sees[:, 1:]
+    out[0, 0, m:].masked_fill_(vis.to(mask.device), 0.0)
+    rel = torch.tensor(extra.rel_pos, dtype=pos.dtype, device=pos.device)
+    return out, torch.cat([pos, prefix_len + rel[None]], 1)

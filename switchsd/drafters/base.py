@@ -7,21 +7,35 @@ indices stay current and neural drafters can catch up lazily.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
 
 @dataclass
+class Extra:
+    """Rows a drafter adds to the verify forward that are NOT verified (Lookahead's Jacobi window): they see the
+    cached prefix, the pending token (column 0 of `sees`) and the extra rows `sees[:, 1:]` marks; no tree row
+    sees them, so the verified rows' outputs are unchanged, and their keys/values are dropped after the step.
+    `rel_pos`: position of each row relative to the pending token. `absorb(logits [E, V])` gets their outputs."""
+    tokens: list[int]
+    rel_pos: list[int]
+    sees: torch.Tensor              # [E, 1 + E] bool
+    absorb: Callable[[torch.Tensor], None]
+
+
+@dataclass
 class Draft:
     """Candidates in priority order. `q[c][i]`: distribution [V] token candidates[c][i] was sampled from
-    (None for deterministic drafts: point masses). `match`: where a copy came from (for events/UI)."""
+    (None for deterministic drafts: point masses). `match`: where a copy came from (for events/UI).
+    `extra`: unverified rows for the same forward (see Extra)."""
     candidates: list[list[int]]
     q: list[list[torch.Tensor]] | None = None
     match: dict | None = None
+    extra: Extra | None = None
 
     def __bool__(self) -> bool:
-        return any(len(c) > 0 for c in self.candidates)
+        return any(len(c) > 0 for c in self.candidates) or self.extra is not None
 
 
 @dataclass

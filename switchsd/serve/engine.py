@@ -79,6 +79,8 @@ class BatchedEngine:
         if not self.rows:
             return []
         plans = [row.decoder.plan(row.req) for row in self.rows]
+        if any(p.draft.extra is not None for p in plans):
+            raise ValueError("the batched engine does not run drafters with unverified rows (lookahead)")
         trees = [p.tree for p in plans]
         b = len(self.rows)
         lens = self.cache.lens[:b]
