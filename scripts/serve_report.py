@@ -26,7 +26,7 @@ def main() -> None:
         print(f"| {b} | {v['throughput']:.1f} | {s['throughput']:.1f} | {s['throughput'] / v['throughput']:.2f} | "
               f"{v['latency_p50']:.1f} / {v['latency_p90']:.1f} | {s['latency_p50']:.1f} / {s['latency_p90']:.1f} | "
               f"{v['identical']}/{v['n']}, {s['identical']}/{s['n']} |")
-    for f in sorted(root.glob("psd-rate*")):
+    for f in sorted(p for p in root.glob("psd-rate*") if (p / "results.json").exists()):
         d = load(f)
         meta, m = d["meta"], d["modes"]
         print(f"\nOffered load: {meta['requests']} requests, rate {meta['rate']} /s (0: all at once), max batch "

@@ -62,6 +62,11 @@ def summarise(reqs: list[Req], trace, refs: dict | None) -> dict:
            "target_idle": 1 - busy["target"] / wall if wall else 0.0,
            "drafter_idle": (1 - busy["drafter"] / wall) if by["drafter"] and wall else None,
            "identical": sum(r.tokens == refs[r.rid] for r in reqs) if refs else None}
+    if refs:            # where a request parts from single-request greedy decoding (to explain it)
+        out["mismatches"] = [{"rid": r.rid, "at": k, "got": r.tokens[k:k + 3], "want": refs[r.rid][k:k + 3]}
+                             for r in reqs if r.tokens != refs[r.rid]
+                             for k in [next((j for j, (a, b) in enumerate(zip(r.tokens, refs[r.rid])) if a != b),
+                                            min(len(r.tokens), len(refs[r.rid])))]]
     return out
 
 
