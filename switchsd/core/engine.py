@@ -218,6 +218,10 @@ class Engine:
         extra.absorb(logits[n1 + pad:])
         return logits[:n1]
 
+    def _prefill(self, cache, ids: list[int]) -> None:
+        """Cache ids (the prompt without its pending last token)."""
+        self.target.forward(torch.tensor(ids, device=self.device)[None], cache, logit_rows=-1)
+
     def _last(self) -> dict:
         """The last forward's hidden states of the one row: {site: [m, d]}."""
         return {k: v[0] for k, v in self.target.last.items()} if self.sites else {}
@@ -241,7 +245,7 @@ class Engine:
         t_start = time.perf_counter()
         cache = self.target.new_cache(min(self.max_length, len(tokens) + cfg.max_new_tokens + cfg.budget + 1))
         if len(tokens) > 1:
-            self.target.forward(torch.tensor(tokens[:-1], device=self.device)[None], cache, logit_rows=-1)
+            self._prefill(cache, tokens[:-1])
         req = self.decoder.start(tokens, self._last() if len(tokens) > 1 else None)
         prefill_s = time.perf_counter() - t_start
         while True:
