@@ -85,8 +85,9 @@ def test_api_stop_cancels(server):
         time.sleep(0.5)
     outs = job.outputs()
     assert job.done()
-    if outs and outs[-1] and outs[-1][1]:
-        assert "1024 tokens" not in outs[-1][1], "cancelled before the end"
+    statuses = [o[1] for o in outs if o and o[1]]
+    assert statuses, "the run streamed frames before the cancel"
+    assert "1024 tokens" not in statuses[-1] and "<b>Done</b>" not in statuses[-1], "cancelled before the end"
 
 
 @pytest.mark.real

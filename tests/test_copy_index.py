@@ -49,8 +49,8 @@ def test_ngram_index_from_scratch():
 
 
 def test_ngram_index_incremental_extend_equals_from_scratch():
-    """BUG: extend() starts at end = max(indexed, n), re-indexing the n-gram that ends at the previous
-    length, so every extend duplicates one start (e.g. (3, 4): [2, 2]). Fix: start at max(indexed + 1, n)."""
+    """Regression (fixed): an extend() that started at end = max(indexed, n) re-indexed the n-gram ending at the
+    previous length, so every extend duplicated one start (e.g. (3, 4): [2, 2]); it starts at max(indexed + 1, n)."""
     tokens = [1, 2, 3, 4, 5, 6, 7]
     idx = NGramIndex(2)
     idx.reset(tokens[:4])
@@ -159,8 +159,8 @@ def test_copy_has_match():
 
 
 def test_copy_has_match_after_redundant_extend():
-    """BUG (same root cause as the duplicated index entries): an extend() with no new tokens re-indexes the
-    suffix gram, so has_match() sees two occurrences of it and reports a match that does not exist."""
+    """Regression (fixed, same root cause as the duplicated index entries): an extend() with no new tokens
+    re-indexed the suffix gram, so has_match() saw two occurrences of it and reported a match that did not exist."""
     tokens = [1, 2, 3]
     d = copy_drafter(kappa=2, tokens=tokens)
     d.extend(tokens, 0)

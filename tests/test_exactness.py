@@ -272,7 +272,7 @@ def test_tiny_model_exact_on_cuda():
 def test_sps_with_tiny_draft_model_is_exact(tiny_model, same_weights):
     """The 'sps' method with a tiny draft LM: a draft identical to the target (every draft accepted) and an
     unrelated one (mostly rejected). EAGLE3 needs a trained head and is not covered here."""
-    dm = pytest.importorskip("switchsd.drafters.draft_model")
+    from switchsd.drafters import draft_model as dm
     import copy as _copy
     draft_lm = _copy.deepcopy(tiny_model) if same_weights else make_tiny_model(seed=1)
     accepted = 0
