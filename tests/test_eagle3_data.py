@@ -3,6 +3,7 @@ forward must give each sample exactly the features a forward over that sample al
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
