@@ -55,10 +55,7 @@ def test_length_batches_pack_under_the_token_budget():
     assert [90] in out                     # longer than the budget: alone
 
 
-def test_prompt_sets_are_deterministic_distinct_and_not_benchmark_questions():
-    import json
-    from pathlib import Path
-
+def test_prompt_sets_are_deterministic_and_distinct():
     from switchsd.training.prompts import build_prompts
     for version in (1, 2):
         a = build_prompts(300, seed=3, version=version)
