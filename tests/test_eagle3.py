@@ -307,3 +307,71 @@ def test_smc_particles_draw_from_the_heads_own_laws(target, head):
     P.reorder(torch.tensor([1, 1]))
     q = P.draft(torch.tensor([toks[L + gamma]] * 2))
     assert torch.allclose(q.double(), qa[L + gamma - 1].expand(2, -1), atol=1e-6)
+
+
+def _head_ready(target, head, ids, tree):
+    d = Eagle3Drafter(head, target, tree)
+    d.reset(ids)
+    with torch.no_grad():
+        hs = target(input_ids=torch.tensor([ids[:-1]]), output_hidden_states=True).hidden_states
+    d.add_features({(i - 1, "mlp"): hs[i][0] for i in d.layers})
+    return d
+
+
+def eagle2_reference(d, K: int, D: int, N: int) -> set[tuple[int, ...]]:
+    """EAGLE-2's dynamic tree computed the slow way: every node's distribution from a fresh sequential pass of
+    the head along its own path (no tree mask), the frontier = the K best children of the previous level by
+    cumulative log-prob, then the N best nodes overall with parents before children."""
+    out0 = d._catch_up()
+    S = d.synced
+
+    def logp_after(path):                    # path: draft-vocab ids
+        out, k, v = out0, d.k, d.v
+        for i, t in enumerate(path):
+            tok = d.head.to_target_ids(torch.tensor([t]))
+            o, k1, v1 = d.head.step(d._embed(tok)[None], out[None, None], torch.tensor([S + i]), k, v, None)
+            k, v, out = torch.cat([k, k1], 2), torch.cat([v, v1], 2), o[0, -1]
+        return torch.log_softmax(d.head.logits(out).double(), -1)
+
+    nodes = {}                               # draft-id path -> cumulative log-prob
+    lp = logp_after(())
+    top = lp.topk(K)
+    level = [((int(t),), float(s)) for s, t in zip(top.values, top.indices)]
+    nodes.update(level)
+    for _ in range(1, D):
+        children = []
+        for path, score in level:
+            lp = logp_after(path)
+            top = lp.topk(K)
+            children += [(path + (int(t),), score + float(s)) for s, t in zip(top.values, top.indices)]
+        nodes.update(children)
+        level = sorted(children, key=lambda x: -x[1])[:K]
+    chosen = set()
+    for path, _ in sorted(nodes.items(), key=lambda x: -x[1]):
+        if len(chosen) >= N:
+            break
+        if len(path) == 1 or path[:-1] in chosen:
+            chosen.add(path)
+    to_target = lambda p: tuple(int(x) for x in d.head.to_target_ids(torch.tensor(p)))   # noqa: E731
+    return {to_target(p) for p in chosen}
+
+
+@pytest.mark.parametrize("K,D,N,budget", [(3, 4, 12, 20), (2, 5, 9, 20), (4, 3, 30, 10), (1, 4, 8, 20)])
+def test_tree_is_eagle2s_best_n_tree(target, head, K, D, N, budget):
+    """The tree drafter (batched, tree-masked head passes) builds exactly EAGLE-2's tree computed the slow way;
+    every node's parent is in the tree; it fills min(N, budget) nodes; with top_k 1 it is the chain draft."""
+    ids = random_prompt(7, 12)
+    draft = _head_ready(target, head, ids, TreeConfig(top_k=K, depth=D, total_tokens=N)).propose(
+        DraftRequest(tokens=ids, max_len=D, budget=budget))
+    nodes = {tuple(c[:i + 1]) for c in draft.candidates for i in range(len(c))}
+    want = eagle2_reference(_head_ready(target, head, ids, TreeConfig(K, D, N)), K, D, min(N, budget))
+    assert nodes == want
+    assert all(len(p) == 1 or p[:-1] in nodes for p in nodes)              # parents before children
+    assert len(nodes) == min(N, budget, K + (D - 1) * K * K)               # expanded: K, then K x K per level
+    if K == 1:
+        chain = Eagle3Drafter(head, target, chain=True, gamma=D)
+        chain.reset(ids)
+        with torch.no_grad():
+            hs = target(input_ids=torch.tensor([ids[:-1]]), output_hidden_states=True).hidden_states
+        chain.add_features({(i - 1, "mlp"): hs[i][0] for i in chain.layers})
+        assert draft.candidates == chain.propose(DraftRequest(tokens=ids, max_len=D, budget=budget)).candidates
