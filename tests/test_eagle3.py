@@ -375,3 +375,61 @@ def test_tree_is_eagle2s_best_n_tree(target, head, K, D, N, budget):
             hs = target(input_ids=torch.tensor([ids[:-1]]), output_hidden_states=True).hidden_states
         chain.add_features({(i - 1, "mlp"): hs[i][0] for i in chain.layers})
         assert draft.candidates == chain.propose(DraftRequest(tokens=ids, max_len=D, budget=budget)).candidates
+
+
+class BranchOracle:
+    """Drafts a wrong first candidate and the true continuation second: the accepted path is a tree branch
+    (non-contiguous verify rows), so the cache and the head's features must be gathered, not sliced."""
+    name, path = "branch-oracle", "copy"
+
+    def __init__(self, full):
+        self.full = list(full)
+
+    def reset(self, tokens):
+        pass
+
+    def extend(self, tokens, n_new):
+        pass
+
+    def propose(self, req):
+        from switchsd.drafters.base import Draft
+        n = len(req.tokens)
+        truth = self.full[n:n + min(4, req.max_len)]
+        if not truth:
+            return Draft([])
+        return Draft([[(truth[0] + 1) % V] + truth[1:], truth])
+
+
+class EveryOther:
+    def __init__(self, branch, eagle):
+        self.branch, self.eagle, self.drafters = branch, eagle, [branch, eagle]
+
+    def select(self, state: PolicyState):
+        return ([self.branch] if state.step % 2 == 0 else [self.eagle]), None
+
+    def observe(self, event):
+        pass
+
+
+def test_lazy_propagation_after_branch_accepts(target, head):
+    """Branch accepts (the second candidate of a trie) alternate with EAGLE-3 steps: the head's incremental state
+    equals a head fed by hand with (target feature at t, token t+1) for every cached position; feeding the
+    features of the first rows instead of the accepted branch's rows would break it."""
+    ids = repetitive_prompt(6, n=12, reps=2)
+    want = greedy_reference(target, ids, 30, eos=None)
+    eagle = Eagle3Drafter(head, target, chain=True, gamma=3)
+    cfg = EngineConfig(max_new_tokens=30, budget=12, stop_at_eos=False)
+    events = list(Engine(target, EveryOther(BranchOracle(ids + want), eagle), cfg, ()).generate(ids))
+    assert [t for e in events for t in e.new_tokens] == want
+    branch = [e for e in events if e.path == "copy" and e.accepted_candidate == 1 and len(e.accepted) >= 2]
+    assert branch and all(e.accepted_rows != list(range(1, len(e.accepted_rows) + 1)) for e in branch)
+    tokens = list(eagle.tokens)
+    incremental = eagle._catch_up()
+    # by hand: features of the full committed sequence, paired with the next token, one forward of the head
+    with torch.no_grad():
+        hs = target(input_ids=torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
+    g = torch.cat([hs[i][0] for i in eagle.layers], -1)                       # [T-1, 3H]: g_t
+    nxt = torch.tensor(tokens[1:])                                             # x_{t+1}
+    out, k, _ = head.step(eagle._embed(nxt)[None], head.fc(g)[None], torch.arange(len(tokens) - 1), None, None, None)
+    torch.testing.assert_close(incremental, out[0, -1], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(eagle.k, k, rtol=1e-9, atol=1e-9)
