@@ -1,0 +1,66 @@
+"""`switchsd.target.calibrate`: the monotone envelope, the budget it implies (including the no-qualifying-size
+case), the cost curve saved and read back per model / dtype / forward, the fallback when a device is not
+calibrated or its file is corrupt, and a real measurement on a tiny model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from helpers import make_tiny_model
+from switchsd.target import calibrate as cal
+from switchsd.target.models import LoadedModel
+
+
+@pytest.fixture
+def lm(tmp_path, monkeypatch):
+    monkeypatch.setenv("SWITCHSD_CACHE", str(tmp_path))
+    return LoadedModel(make_tiny_model(), tokenizer=None, name="tiny/model")
+
+
+def test_monotone_envelope_is_the_min_over_larger_sizes():
+    curve = {1: 10.0, 2: 16.0, 3: 15.0, 4: 12.0, 8: 20.0, 16: 19.0}
+    assert cal.monotone(curve) == {1: 10.0, 2: 12.0, 3: 12.0, 4: 12.0, 8: 19.0, 16: 19.0}
+    env = cal.monotone(curve)
+    assert all(env[a] <= env[b] for a, b in zip(sorted(env), sorted(env)[1:]))        # non-decreasing
+    assert all(env[n] <= curve[n] for n in curve)                                      # never above a measurement
+
+
+def test_budget_is_the_largest_size_within_the_ratio():
+    curve = {1: 10.0, 2: 16.0, 4: 12.0, 8: 20.0, 16: 25.0}
+    assert cal.budget_from_curve(curve, 2.0) == 8              # 2-row noise (16 ms) does not hide 4 and 8
+    assert cal.budget_from_curve(curve, 1.0) == 1              # no size beyond one token qualifies
+    assert cal.budget_from_curve(curve, 2.5) == 16
+    assert cal.budget_from_curve({1: 10.0, 4: 35.0}, 2.0) == 1
+
+
+def test_save_then_load_budget_and_cost(lm):
+    path, source = cal.calibration_path(lm), None
+    assert "tiny--model-cpu-float64" in path.name
+    budget, source = cal.load_budget(lm)
+    assert (budget, source.startswith("fallback")) == (cal.FALLBACK_BUDGET, True)       # not calibrated yet
+    assert cal.device_cost(lm, measure_if_missing=False).source == "flat"
+    curve = {1: 10.0, 2: 16.0, 4: 12.0, 8: 20.0, 16: 25.0}
+    saved = cal.save(lm, curve, prefix=64, ratio=2.0)
+    data = json.loads(saved.read_text())
+    assert data["budget"] == 8 and data["forward"] == "lean" and set(data["break_even"])
+    assert cal.load_budget(lm) == (8, str(saved))
+    cost = cal.device_cost(lm)
+    assert cost.source == str(saved) and cost.raw(4) == 12.0
+    # a forward of its own: transformers' forward has its own file
+    assert cal.calibration_path(lm, "hf") != saved
+
+
+def test_corrupt_file_is_measured_again(lm):
+    path = cal.calibration_path(lm)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{not json")
+    cost = cal.device_cost(lm)                                   # measures a short curve and saves it
+    data = json.loads(path.read_text())
+    assert cost.source == str(path) and set(map(int, data["curve_ms"])) == {n for n in cal.POINTS if n <= 32}
+
+
+def test_measure_returns_positive_times_for_every_size(lm):
+    curve = cal.measure(lm, max_tokens=8, prefix=16, repeats=1, progress=False)
+    assert sorted(curve) == [1, 2, 3, 4, 6, 8] and all(v > 0 for v in curve.values())
