@@ -120,3 +120,47 @@ def test_results_are_written_before_the_optional_rescoring(tmp_path, monkeypatch
     res = json.loads((tmp_path / "out" / "results.json").read_text())
     assert res["mismatches"] is None and res["summary"]["pld"]["n"] == 1
     assert "not explained" in (tmp_path / "out" / "table.md").read_text()
+
+
+class _CharTokenizer:
+    """A stand-in tokenizer for the tiny model: one id per character (ids 2..61), no chat template."""
+    eos_token_id = 1
+    chat_template = None
+    pad_token_id = 0
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [2 + ord(c) % 60 for c in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(32 + (int(i) % 90)) for i in ids)
+
+
+def test_bench_main_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, capsys):
+    """`python -m switchsd.bench` on a tiny float64 model: every method and the transformers peers identical to
+    vanilla, the oracle above every method in tokens per forward, results.json / table.md written, and a second
+    run resumes from partial.jsonl without decoding any prompt again."""
+    import json as _json
+    from helpers import make_tiny_model
+    from switchsd.core.engine import Engine
+    from switchsd.eval import bench
+    from switchsd.target.models import LoadedModel
+    lm = LoadedModel(make_tiny_model(), _CharTokenizer(), "tiny")
+    monkeypatch.setattr(bench, "load", lambda args: lm)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("\n".join(_json.dumps({"id": f"p{i}", "prompt": t}) for i, t in enumerate(
+        ["abcabcabcabcab", "the cat sat on the mat. the cat sat", "xyz"])) + "\n")
+    argv = ["--dataset", "jsonl", "--data-file", str(data), "--methods", "hf,hf-pld,vanilla,copy,pld,samd,oracle",
+            "--max-new-tokens", "12", "--budget", "8", "--no-chat", "--warmup", "0", "--out", str(tmp_path / "out")]
+    bench.main(argv)
+    last = _json.loads(capsys.readouterr().out.strip().splitlines()[-1])["methods"]
+    assert set(last) == {"hf", "hf-pld", "vanilla", "copy", "pld", "samd", "oracle"}
+    assert all(m["identical"] == m["n"] == 3 for m in last.values()), last
+    assert last["oracle"]["tok_per_fwd"] >= max(m["tok_per_fwd"] for k, m in last.items() if k != "oracle")
+    res = _json.loads((tmp_path / "out" / "results.json").read_text())
+    assert res["mismatches"] == [] and (tmp_path / "out" / "table.md").exists()
+    runs = []
+    monkeypatch.setattr(Engine, "run", lambda self, *a, **k: runs.append(1) or (_ for _ in ()).throw(
+        AssertionError("a finished prompt was decoded again")))
+    bench.main(argv)                                         # resumes: every prompt is in partial.jsonl
+    again = _json.loads(capsys.readouterr().out.strip().splitlines()[-1])["methods"]
+    assert not runs and {k: v["identical"] for k, v in again.items()} == {k: v["identical"] for k, v in last.items()}
