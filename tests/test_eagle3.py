@@ -433,3 +433,49 @@ def test_lazy_propagation_after_branch_accepts(target, head):
     out, k, _ = head.step(eagle._embed(nxt)[None], head.fc(g)[None], torch.arange(len(tokens) - 1), None, None, None)
     torch.testing.assert_close(incremental, out[0, -1], rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(eagle.k, k, rtol=1e-9, atol=1e-9)
+
+
+@pytest.fixture(scope="module")
+def trained_head(tmp_path_factory, target):
+    """The random head after a few hundred steps of EAGLE-3's training (TTT, `switchsd.training.eagle3`) on the
+    tiny target's own greedy continuations: a neural drafter that agrees with the target often, so exactness
+    tests check accepted drafts, not only rejected ones."""
+    from switchsd.training.eagle3 import ttt_loss
+    folder = tmp_path_factory.mktemp("trained-head")
+    write_head(folder)
+    head = load_eagle3(str(folder), target)
+    layers = head.config.layers_for(target.config.num_hidden_layers)
+    samples = []
+    for seed in range(24):
+        ids = random_prompt(300 + seed, 6 + seed % 5)
+        full = ids + greedy_reference(target, ids, 24, eos=None)
+        with torch.no_grad():
+            hs = target(input_ids=torch.tensor([full]), output_hidden_states=True).hidden_states
+        samples.append({"ids": torch.tensor(full), "aux": torch.cat([hs[i][0, :-1] for i in layers], -1),
+                        "final": hs[-1][0, :-1], "start": len(ids)})
+    teacher_w = target.lm_head.weight[head.to_target_ids(torch.arange(head.config.draft_vocab_size))].detach().float()
+    embed = torch.nn.Embedding.from_pretrained(target.get_input_embeddings().weight.detach().float())
+    head = head.float().requires_grad_(True)                # the trainer works in float32
+    opt = torch.optim.Adam(head.parameters(), lr=1e-2)
+    for step in range(600):
+        batch = [samples[(step * 4 + j) % len(samples)] for j in range(4)]
+        loss, _, _ = ttt_loss(head, embed, teacher_w, batch, K=3)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return head.double().requires_grad_(False).eval()
+
+
+@pytest.mark.parametrize("chain", [True, False])
+def test_trained_head_greedy_equals_vanilla_with_accepted_drafts(target, trained_head, chain):
+    accepted = drafted = branch = 0
+    for seed in range(6):                                  # prompts the head was trained on: it agrees there
+        ids = random_prompt(300 + seed, 6 + seed % 5)
+        res = eagle_engine(target, trained_head, chain, max_new=30).run(ids)
+        assert res.token_ids == greedy_reference(target, ids, 30, eos=None)
+        accepted += sum(len(e.accepted) for e in res.events)
+        drafted += sum(len(e.tree_tokens) - 1 for e in res.events)
+        branch += sum(e.accepted_candidate not in (None, 0) for e in res.events)
+    assert 0.2 * 30 * 6 <= accepted < drafted, (accepted, drafted)   # >= 20% of the tokens are accepted drafts
+    if not chain:
+        assert branch > 0                                             # a non-first candidate (a branch) accepted
