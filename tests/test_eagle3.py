@@ -479,3 +479,38 @@ def test_trained_head_greedy_equals_vanilla_with_accepted_drafts(target, trained
     assert 0.2 * 30 * 6 <= accepted < drafted, (accepted, drafted)   # >= 20% of the tokens are accepted drafts
     if not chain:
         assert branch > 0                                             # a non-first candidate (a branch) accepted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chain,temperature,top_k,top_p", [(True, 0.7, 8, 1.0), (True, 1.3, 0, 0.9),
+                                                           (False, 1.3, 10, 1.0), (False, 0.7, 6, 0.95)])
+def test_trained_head_sampling_follows_the_filtered_target(target, trained_head, chain, temperature, top_k, top_p):
+    """Sampled EAGLE-3 chains (q over the target vocabulary through d2t) and trees (point masses) at T 0.7 / 1.3
+    with top-k / top-p: the first two tokens follow the filtered target law; drafts are accepted often; the
+    unfiltered T = 1 law is rejected (negative control)."""
+    from collections import Counter
+    from helpers import chisq_pvalue
+    from switchsd.core.config import SamplingConfig
+    from switchsd.core.verify import target_probs
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    prompt = random_prompt(301, 7)
+    runs, first, pairs, accepted = 2000, Counter(), Counter(), 0
+    for i in range(runs):
+        drafter = Eagle3Drafter(trained_head, target, TreeConfig(3, 2, 6), chain=chain, gamma=2, sampling=sampling,
+                                generator=torch.Generator().manual_seed(i + 1_000_003))
+        policy = build_policy("eagle3", (), CopyConfig(), drafter, neural_cfg=NeuralConfig(
+            shape="chain" if chain else "tree"))
+        eng = Engine(target, policy, EngineConfig(max_new_tokens=2, budget=8, sampling=sampling, stop_at_eos=False), ())
+        gen = eng.run(prompt, generator=torch.Generator().manual_seed(i))
+        accepted += len(gen.events[0].accepted) > 0
+        first[(gen.token_ids[0],)] += 1
+        pairs[tuple(gen.token_ids[:2])] += 1
+    with torch.no_grad():
+        l1 = target(input_ids=torch.tensor([prompt])).logits[0, -1]
+        l2 = target(input_ids=torch.tensor([prompt + [x] for x in range(V)])).logits[:, -1]
+    p1, p2 = target_probs(l1, sampling).double(), target_probs(l2, sampling).double()
+    assert accepted > 0.04 * runs, f"setup: drafts must be accepted ({accepted}/{runs})"
+    assert chisq_pvalue(first, {(x,): float(p1[x]) for x in range(V)}) > 1e-3
+    assert chisq_pvalue(pairs, {(a, b): float(p1[a] * p2[a, b]) for a in range(V) for b in range(V)}) > 1e-3
+    q1 = torch.softmax(l1.double(), -1)
+    assert chisq_pvalue(first, {(x,): float(q1[x]) for x in range(V)}) < 1e-6
