@@ -47,6 +47,18 @@ def make_tiny_model(seed: int = 0, max_pos: int = 256, vocab: int = VOCAB, eos: 
     return model
 
 
+def perturbed(model, scale: float, seed: int = 5):
+    """A copy of `model` with every weight jittered by `scale` x its own std: a draft that agrees with the
+    target often but not always, so both accepted and rejected drafts are exercised."""
+    import copy
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale * (p.std() if p.numel() > 1 else 1.0))
+    return out
+
+
 # --------------------------------------------------------------------------------------------- prompts
 def random_prompt(seed: int, n: int, vocab: int = VOCAB) -> list[int]:
     g = torch.Generator().manual_seed(seed)

@@ -74,9 +74,10 @@ def tiny_probe(model, layer=1, sub="attn", seed=0):
 
 @pytest.mark.parametrize("method", ["switchsd", "banditspec"])
 def test_switchsd_and_bandit_greedy_equal_vanilla(tiny_model, method):
-    draft_model = make_tiny_model(seed=7)
+    from helpers import perturbed
+    draft_model = perturbed(tiny_model, 0.15)        # agrees often: the neural path's accepts are checked too
     probe = tiny_probe(tiny_model)
-    paths = set()
+    paths, accepted = set(), {"copy": 0, "neural": 0}
     for seed in range(6):
         ids = repetitive_prompt(seed, n=14, reps=3) if seed % 2 == 0 else random_prompt(seed, 9)
         for tau in (0.0, 0.5):
@@ -87,6 +88,9 @@ def test_switchsd_and_bandit_greedy_equal_vanilla(tiny_model, method):
             res = eng.run(ids)
             assert res.token_ids == greedy_reference(tiny_model, ids, 24, eos=None)
             paths |= {e.path for e in res.events}
+            for e in res.events:
+                if e.path in accepted:
+                    accepted[e.path] += len(e.accepted)
             if method == "switchsd":
                 for e in res.events:
                     assert e.probe_score is not None and e.gate is not None
@@ -95,6 +99,7 @@ def test_switchsd_and_bandit_greedy_equal_vanilla(tiny_model, method):
                     elif e.path == "copy":                # the copy path proper needs probe AND kappa-gram
                         assert e.gate["copy"] and e.probe_score >= tau and e.gate["kgram_match"]
     assert {"copy", "neural"} <= paths
+    assert accepted["copy"] > 0 and accepted["neural"] > 5, accepted         # both paths' accepts checked
 
 
 def test_oracle_accepts_everything(tiny_model):

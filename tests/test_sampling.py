@@ -301,13 +301,9 @@ def _filtered_dists(model, prompt, sampling: SamplingConfig):
 
 def _neural(kind: str, target):
     """A neural drafter that agrees with the target often: SPS with a perturbed copy of it, or EAGLE-3."""
-    import copy
+    from helpers import perturbed
     from switchsd.drafters.draft_model import DraftModelDrafter
-    draft = copy.deepcopy(target)
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.15 * (p.std() if p.numel() > 1 else 1.0))
+    draft = perturbed(target, 0.15)
     return lambda sampling, seed: DraftModelDrafter(draft, target.config.vocab_size, gamma=3, sampling=sampling,
                                                     generator=torch.Generator().manual_seed(seed))
 

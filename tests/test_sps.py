@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import VOCAB, chisq_pvalue, greedy_reference, make_tiny_model, random_prompt, repetitive_prompt
+from helpers import perturbed, VOCAB, chisq_pvalue, greedy_reference, make_tiny_model, random_prompt, repetitive_prompt
 from switchsd.core.config import CopyConfig, EngineConfig, NeuralConfig, SamplingConfig
 from switchsd.drafters.draft_model import DraftModelDrafter
 from switchsd.core.engine import Engine
@@ -24,18 +24,6 @@ def sps_engine(target, draft, method="sps", sampling=SamplingConfig(), max_new=3
                           generator=torch.Generator().manual_seed(seed + 1))
     cfg = EngineConfig(max_new_tokens=max_new, budget=16, sampling=sampling, stop_at_eos=False)
     return Engine(target, build_policy(method, (), CopyConfig(), d, neural_cfg=NeuralConfig(shape="chain")), cfg, ())
-
-
-def perturbed(model, scale: float, seed: int = 5):
-    """A copy of `model` with every weight jittered by `scale` x its own std: a draft that agrees with the
-    target often but not always, so both accepted and rejected drafts are exercised."""
-    import copy
-    out = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in out.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale * (p.std() if p.numel() > 1 else 1.0))
-    return out
 
 
 @pytest.mark.parametrize("method", ["sps", "copyspec"])
