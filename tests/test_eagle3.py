@@ -494,7 +494,7 @@ def test_trained_head_sampling_follows_the_filtered_target(target, trained_head,
     from switchsd.core.verify import target_probs
     sampling = SamplingConfig(temperature, top_k, top_p)
     prompt = random_prompt(301, 7)
-    runs, first, pairs, accepted = 2000, Counter(), Counter(), 0
+    runs, first, pairs, accepted = 1500, Counter(), Counter(), 0
     for i in range(runs):
         drafter = Eagle3Drafter(trained_head, target, TreeConfig(3, 2, 6), chain=chain, gamma=2, sampling=sampling,
                                 generator=torch.Generator().manual_seed(i + 1_000_003))
