@@ -514,3 +514,25 @@ def test_trained_head_sampling_follows_the_filtered_target(target, trained_head,
     assert chisq_pvalue(pairs, {(a, b): float(p1[a] * p2[a, b]) for a in range(V) for b in range(V)}) > 1e-3
     q1 = torch.softmax(l1.double(), -1)
     assert chisq_pvalue(first, {(x,): float(q1[x]) for x in range(V)}) < 1e-6
+
+
+@pytest.mark.parametrize("temperature,top_k", [(0.15, 0), (0.2, 6)])
+def test_sampled_chain_draws_from_the_q_it_reports(target, trained_head, temperature, top_k):
+    """The first token of a sampled chain follows the q the drafter hands to verification (chi-square), and is
+    rejected as a sharper law (negative control): verification is only lossless if the two agree."""
+    from collections import Counter
+    from helpers import chisq_pvalue
+    from switchsd.core.config import SamplingConfig
+    d = _head_ready(target, trained_head, random_prompt(301, 7), TreeConfig())
+    d.chain, d.gamma = True, 1
+    d.sampling = SamplingConfig(temperature, top_k)
+    d.generator = torch.Generator().manual_seed(0)
+    req = DraftRequest(tokens=d.tokens, max_len=1, budget=4)
+    counts, q = Counter(), None
+    for _ in range(3000):
+        draft = d.propose(req)                          # no commit in between: the same state, the same q
+        counts[(draft.candidates[0][0],)] += 1
+        q = draft.q[0][0].double()
+    assert chisq_pvalue(counts, {(x,): float(q[x]) for x in range(V)}) > 1e-3
+    sharp = q * q / (q * q).sum()
+    assert chisq_pvalue(counts, {(x,): float(sharp[x]) for x in range(V)}) < 1e-6
