@@ -188,7 +188,6 @@ class Engine:
         self.eos = set(int(e) for e in eos_ids) if cfg.stop_at_eos else set()
         self.max_length = max_length or int(getattr(model.config, "max_position_embeddings", 1 << 30))
         self.decoder = Decoder(policy, cfg, self.eos, self.max_length, probe)
-        self.rule = self.decoder.rule
         self.sites = engine_sites(cfg, policy, probe)
         self.target = make_target(model, self.sites, cfg.forward)   # transformers' forward or the lean one
 

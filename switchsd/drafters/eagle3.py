@@ -22,6 +22,14 @@ from .base import Draft, DraftRequest
 from .eagle3_model import Eagle3Head
 
 
+def target_dist(head: Eagle3Head, out: torch.Tensor, sampling: SamplingConfig, vocab: int) -> torch.Tensor:
+    """Head output [..., H] -> the draft distribution over the TARGET vocabulary [..., V] (through d2t)."""
+    q_draft = target_probs(head.logits(out), sampling)                  # [..., Vd]
+    q = torch.zeros(*q_draft.shape[:-1], vocab, dtype=q_draft.dtype, device=q_draft.device)
+    idx = torch.arange(q_draft.shape[-1], device=q_draft.device) + head.d2t
+    return q.index_copy_(-1, idx, q_draft)
+
+
 class Eagle3Drafter:
     name = "eagle3"
     path = "neural"
@@ -96,11 +104,7 @@ class Eagle3Drafter:
         return self.embed(toks.to(self.embed.weight.device)).to(self.head.fc.weight.device)
 
     def _dist(self, out: torch.Tensor) -> torch.Tensor:
-        """Head output [..., H] -> draft distribution over the TARGET vocabulary [..., V] (sampling only)."""
-        q_draft = target_probs(self.head.logits(out), self.sampling)   # [..., Vd]
-        q = torch.zeros(*q_draft.shape[:-1], self.vocab, dtype=q_draft.dtype, device=q_draft.device)
-        idx = torch.arange(q_draft.shape[-1], device=q_draft.device) + self.head.d2t
-        return q.index_copy_(-1, idx, q_draft)
+        return target_dist(self.head, out, self.sampling, self.vocab)
 
     @torch.inference_mode()
     def propose(self, req: DraftRequest) -> Draft:

@@ -21,6 +21,7 @@ import torch
 
 from ..core.config import SamplingConfig
 from ..core.verify import target_probs
+from .eagle3 import target_dist
 from .eagle3_model import Eagle3Head
 
 
@@ -116,10 +117,7 @@ class Eagle3Particles:
             self.tk = k if self.tk is None else torch.cat([self.tk, k], 2)
             self.tv = v if self.tv is None else torch.cat([self.tv, v], 2)
         self.out = out[:, -1]                                                          # [N, H]
-        q_draft = target_probs(self.head.logits(self.out).float(), self.sampling)     # [N, Vd]
-        q = torch.zeros(q_draft.shape[0], self.vocab, dtype=q_draft.dtype, device=q_draft.device)
-        idx = torch.arange(q_draft.shape[-1], device=q_draft.device) + self.head.d2t
-        return q.index_copy_(-1, idx, q_draft).cpu()                                  # [N, V]
+        return target_dist(self.head, self.out, self.sampling, self.vocab).float().cpu()   # [N, V]
 
     def observe(self, block: torch.Tensor, hidden) -> None:
         self.tk = self.tv = None

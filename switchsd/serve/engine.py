@@ -11,7 +11,7 @@ of their own) and leave when they finish (the last row moves into the freed slot
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -29,7 +29,6 @@ class Row:
     decoder: Decoder
     req: Request
     generator: torch.Generator | None
-    events: list[StepEvent] = field(default_factory=list)
 
 
 class BatchedEngine:
@@ -85,10 +84,9 @@ class BatchedEngine:
         b = len(self.rows)
         lens = self.cache.lens[:b]
         ids, pos, mask = batch_inputs(trees, lens, self.lean.dtype, self.lean.device)
-        same = all(t.is_chain and len(t.tokens) == 1 for t in trees) and len(set(lens)) == 1
         sizes = [len(t.tokens) for t in trees]
         prefixes = list(lens)
-        logits, cap = batched_forward(self.lean, ids, self.cache, pos, None if same else mask, self.sites, rows=sizes)
+        logits, cap = batched_forward(self.lean, ids, self.cache, pos, mask, self.sites, rows=sizes)
         self.batch_sizes.append(b)
         out, done, start = [], [], 0
         for r, (row, plan) in enumerate(zip(self.rows, plans)):
@@ -97,7 +95,6 @@ class BatchedEngine:
             event = row.decoder.settle(row.req, plan, logits[start:start + n], last, row.generator,
                                        lambda keep, r=r: self.cache.keep(r, prefixes[r], keep))
             start += n
-            row.events.append(event)
             out.append((row.rid, event))
             if event.finished:
                 done.append(r)
