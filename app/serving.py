@@ -96,13 +96,10 @@ def summary(runs: dict, note: str = "") -> str:
         fin = [r for r in reqs if r.finish is not None]
         toks = sum(len(r.tokens) for r in fin)
         span = max((r.finish for r in fin), default=0.0)
-        tgt = [s["end"] - s["start"] for s in trace.spans if s["who"] == "target"]
-        dft = [s["end"] - s["start"] for s in trace.spans if s["who"] == "drafter"]
-        D = sum(dft) / len(dft) if dft else 0.0
-        V = sum(tgt) / len(tgt) if tgt else 0.0
+        b = trace.busy()
         rows.append(f"<tr><td>{html.escape(NAMES[mode])}</td><td>{len(fin)}/{len(reqs)}</td>"
-                    f"<td>{toks / span if span else 0:.1f}</td><td>{1e3 * D:.0f}</td><td>{1e3 * V:.0f}</td>"
-                    f"<td>{(D + V) / max(D, V) if D and V else 0:.2f}</td></tr>")
+                    f"<td>{toks / span if span else 0:.1f}</td><td>{1e3 * b['D']:.0f}</td><td>{1e3 * b['V']:.0f}</td>"
+                    f"<td>{b['model_gain'] or 0:.2f}</td></tr>")
     return ("<table class='ssd-serve'><tr><th>mode</th><th>done</th><th>tok/s</th><th>D ms</th><th>V ms</th>"
             "<th>(D+V)/max(D,V)</th></tr>" + "".join(rows) + f"</table><p>{html.escape(note)}</p>")
 

@@ -78,7 +78,7 @@ class SAMD:
         self.drafters = [sam] + ([neural] if neural is not None else [])
 
     def select(self, state: PolicyState) -> tuple[list, dict]:
-        self.sam.sam.extend(state.tokens)
+        self.sam.sam.extend(state.tokens)          # idempotent: feeds only tokens it has not seen
         n = self.sam.match_len
         if self.neural is None:
             return [self.sam], {"match_len": n, "max_len": min(self.sam.n_predicts, 1 + int(self.alpha * n))}

@@ -51,14 +51,11 @@ def summarise(reqs: list[Req], trace, refs: dict | None) -> dict:
     # overlap of target and drafter busy time (both lists are time-ordered)
     overlap = sum(max(0.0, min(a["end"], b["end"]) - max(a["start"], b["start"]))
                   for a in by["target"] for b in by["drafter"] if a["start"] < b["end"] and b["start"] < a["end"])
-    D = statistics.mean(s["end"] - s["start"] for s in by["drafter"]) if by["drafter"] else 0.0
-    V = statistics.mean(s["end"] - s["start"] for s in by["target"]) if by["target"] else 0.0
     out = {"n": len(reqs), "tokens": toks, "throughput": toks / span if span > 0 else 0.0,
            "latency_mean": statistics.mean(lat), "latency_p50": pct(lat, 0.5), "latency_p90": pct(lat, 0.9),
            "ttft_mean": statistics.mean(ttft), "ttft_p50": pct(ttft, 0.5), "ttft_p90": pct(ttft, 0.9),
            "steps": len(by["target"]), "batch_mean": statistics.mean(s["rows"] for s in by["target"]),
-           "batch_max": max(s["rows"] for s in by["target"]), "D": D, "V": V,
-           "model_gain": (D + V) / max(D, V) if D and V else None, "overlap_s": overlap,
+           "batch_max": max(s["rows"] for s in by["target"]), **trace.busy(), "overlap_s": overlap,
            "target_idle": 1 - busy["target"] / wall if wall else 0.0,
            "drafter_idle": (1 - busy["drafter"] / wall) if by["drafter"] and wall else None,
            "identical": sum(r.tokens == refs[r.rid] for r in reqs) if refs else None}

@@ -77,6 +77,13 @@ class Trace:
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
+    def busy(self) -> dict:
+        """Mean drafter time D and verify time V per step, and the overlap model (D + V) / max(D, V)."""
+        dur = {w: [s["end"] - s["start"] for s in self.spans if s["who"] == w] for w in ("target", "drafter")}
+        D = sum(dur["drafter"]) / len(dur["drafter"]) if dur["drafter"] else 0.0
+        V = sum(dur["target"]) / len(dur["target"]) if dur["target"] else 0.0
+        return {"D": D, "V": V, "model_gain": (D + V) / max(D, V) if D and V else None}
+
 
 def _record(reqs: dict, trace: Trace, events) -> None:
     t = trace.now()
