@@ -86,7 +86,7 @@ def test_int4_refuses_what_it_cannot_run():
 @pytest.mark.real
 def test_real_model_int4_is_the_gguf_and_decodes_like_its_own_vanilla(real_lm):
     """The offline model from its own Q4_1 groups (float32 activations): every swapped matrix equals the float32
-    model's (de-quantised by transformers from the same file) bit for bit, and SwitchSD / PLD / EAGLE-3's greedy
+    model's (de-quantised by transformers from the same file) bit for bit, and SwitchSD's and EAGLE-3's greedy
     outputs equal int4 vanilla's."""
     from switchsd.core.config import EngineConfig
     from switchsd.factory import Drafters, build_engine
@@ -100,9 +100,7 @@ def test_real_model_int4_is_the_gguf_and_decodes_like_its_own_vanilla(real_lm):
         assert torch.equal(m.dequantized(), dense[n].weight), n
     cfg = EngineConfig(max_new_tokens=32)
     drafters = Drafters(lm)
-    for prompt in ("Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox",
-                   "def add(a, b):\n    \"\"\"Return a + b.\"\"\""):
-        ids = lm.encode(prompt, chat=True)
-        ref = build_engine("vanilla", lm, drafters, cfg).run(ids).token_ids
-        for method in ("pld", "switchsd", "eagle3"):
-            assert build_engine(method, lm, drafters, cfg).run(ids).token_ids == ref, method
+    ids = lm.encode("Repeat exactly: def add(a, b): return a + b  # the quick brown fox", chat=True)
+    ref = build_engine("vanilla", lm, drafters, cfg).run(ids).token_ids
+    for method in ("switchsd", "eagle3"):
+        assert build_engine(method, lm, drafters, cfg).run(ids).token_ids == ref, method
