@@ -40,6 +40,9 @@ def test_gguf_blocks_into_the_kernel_are_the_gguf_weights_bit_for_bit(kind):
     assert torch.equal(lin(torch.eye(128)).t(), ref)                          # what the kernel multiplies by
     x = torch.randn(5, 128, dtype=torch.float64)
     assert torch.allclose(lin(x.float()).double(), x @ ref.double().t(), atol=1e-4)
+    wide = Int4Linear(codes, scale, zero, torch.float32, wide_rows=2)       # > 2 rows: dense, same weights
+    assert torch.allclose(wide(x.float()), lin(x.float()), atol=1e-5) and wide._dense is not None
+    assert torch.equal(wide._dense, ref)
     # bfloat16 activations: scales and zeros rounded to bfloat16, products within that rounding
     lb = Int4Linear(codes, scale, zero, torch.bfloat16)
     y = lb(x.bfloat16()).double()

@@ -204,7 +204,7 @@ def main(argv=None) -> None:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtypes = [args.dtype]
     if args.dtype == "auto" and device == "cpu":     # every format, to pick this CPU's --dtype auto
-        dtypes = ["float32", "bfloat16"] + (["int4", "int4-float32"] if gguf_model(args.model) and int4.available()
+        dtypes = ["float32", "bfloat16"] + (list(INT4) if gguf_model(args.model) and int4.available()
                                             else [])
     results, attention = {}, {}
     for dt in dtypes:

