@@ -129,7 +129,7 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
         return
     lm = res.lm(dtype)
     t_tau = engine_tau(engine)
-    vkey = (str(lm.dtype), tuple(ids), max_new)     # a greedy vanilla run of the same prompt, if there was one
+    vkey = (lm.precision, tuple(ids), max_new)     # a greedy vanilla run of the same prompt, if there was one
     events: list[StepEvent] = []
     token = BOARD.open()            # the page script polls this run's live frames (app/live.py)
     # The engine runs on the torch thread and never waits for a frame; drawing (here) and the browser still
@@ -235,7 +235,7 @@ def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bo
         runs[m] = res.worker.call(_run_and_close, engine, ids)
     note = "".join(f" · {k} skipped: {html.escape(v)}" for k, v in skipped.items())
     ref = runs["vanilla"].token_ids
-    res.remember_vanilla((str(lm.dtype), tuple(ids), max_new), ref, runs["vanilla"].stats["tok_s"])
+    res.remember_vanilla((lm.precision, tuple(ids), max_new), ref, runs["vanilla"].stats["tok_s"])
     why = {}
     if any(g.token_ids != ref for g in runs.values()):       # explain each difference in float32
         from switchsd.eval.mismatch import explain
@@ -267,7 +267,7 @@ def _badge(lm, out: list[int], ref: list[int], why: dict | None) -> tuple[bool, 
     """(equal, text) for a lane's lossless badge."""
     if out == ref:
         return True, "equal to vanilla"
-    dt = str(lm.dtype).replace("torch.", "")
+    dt = lm.precision
     if not why:
         return False, f"differs from vanilla ({dt})"
     if why.get("kind") == "length":

@@ -67,12 +67,12 @@ class Resources:
         if not self._lms:
             return "model not loaded yet (loads on the first run)"
         lm = next(iter(self._lms.values()))
-        dts = ", ".join(sorted(str(m.dtype).replace("torch.", "") for m in self._lms.values()))
+        dts = ", ".join(sorted(m.precision for m in self._lms.values()))
         return f"{lm.name} · {lm.device} · {dts}"
 
     def drafters(self, lm: LoadedModel) -> Drafters:
         """The drafters' weights load once per model copy (first use)."""
-        key = str(lm.dtype)
+        key = lm.precision
         if key not in self._drafters:
             self._drafters[key] = Drafters(lm, self.eagle, self.draft, self.probe)
         return self._drafters[key]

@@ -8,8 +8,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
 from ..target.calibrate import DEFAULT_RATIO, load_budget
 from ..core.config import (GATE_MODES, NEURAL_SHAPES, CopyConfig, EngineConfig, GateConfig, NeuralConfig,
                            SamplingConfig, SMCConfig, TreeConfig)
@@ -35,7 +33,9 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", default="auto",
                     help="auto (the fastest for decoding here: CUDA bfloat16; CPU what `python -m "
                          "switchsd.calibrate` measured, else bfloat16 with native bf16, else float32) | float32 "
-                         "(token-for-token identical to vanilla) | bfloat16")
+                         "(token-for-token identical to vanilla) | bfloat16 | int4 (CPU, GGUF models: the file's own "
+                         "4-bit groups, bfloat16 activations) | int4-float32 (the same, float32 activations) | "
+                         "int4-mixed (int4 for steps of up to 4 rows, wider verify forwards dense)")
     ap.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: CUDA when present)")
     ap.add_argument("--device-map", default=None, help="'auto' to shard over several GPUs with accelerate")
     ap.add_argument("--forward", choices=FORWARDS, default=_E.forward,
@@ -132,8 +132,8 @@ def load(args) -> LoadedModel:
         lm = load_model(args.model, args.dtype, args.device, args.device_map)
     except (ModelLoadError, ValueError) as e:
         raise fail(str(e)) from None
-    if lm.dtype != torch.float32:
-        print(LOSSLESS_NOTE.format(dtype=str(lm.dtype).replace("torch.", "")), file=sys.stderr)
+    if lm.precision != "float32":
+        print(LOSSLESS_NOTE.format(dtype=lm.precision), file=sys.stderr)
     return lm
 
 

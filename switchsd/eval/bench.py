@@ -35,8 +35,8 @@ from ..core.engine import Engine
 from ..core.methods import METHODS
 from .mismatch import explain, summarize_mismatches
 from ..io import write_text_atomic
-from ..target.models import ModelLoadError, load_model
-from .peers import PEERS, HFPeer
+from ..target.models import ModelLoadError, gguf_model, gguf_path, load_model
+from .peers import PEERS, HFPeer, LlamaCppPeer, llama_cpp_missing
 from ..core.policies import Fixed
 
 
@@ -169,7 +169,18 @@ def main(argv=None) -> None:
     neural = Neural(args, lm)
     eos = lm.eos_ids()
 
+    if "llama-cpp" in methods:
+        why = llama_cpp_missing() or (None if gguf_model(args.model) else
+                                      "llama-cpp skipped: it needs a GGUF model (the offline default or a .gguf file)")
+        if why is None and cfg.sampling.temperature > 0:
+            why = "llama-cpp skipped: greedy only (T = 0)"
+        if why:
+            print(why, file=sys.stderr)
+            methods.remove("llama-cpp")
+
     def make(m: str, cfg):
+        if m == "llama-cpp":
+            return LlamaCppPeer(gguf_path(args.model), cfg, eos)
         if m in PEERS:
             return HFPeer(m, lm.model, cfg, eos, neural.drafters.draft_model if m == "hf-assisted" else None)
         return build_engine(m, lm, cfg, copy_cfg, neural)
@@ -191,7 +202,7 @@ def main(argv=None) -> None:
     # Checkpoint: one JSON line per finished prompt, so a long run resumes where it stopped.
     n_cfg, g_cfg = neural.configs()
     key = {"dataset": args.dataset, "methods": methods, "prompts": [pid for pid, _ in encoded], "model": lm.name,
-           "chat": chat, "dtype": str(lm.dtype), "budget": budget, "engine": asdict(cfg), "copy": asdict(copy_cfg),
+           "chat": chat, "dtype": lm.precision, "budget": budget, "engine": asdict(cfg), "copy": asdict(copy_cfg),
            "neural": asdict(n_cfg), "gate": asdict(g_cfg), "eagle": args.eagle, "probe": args.probe,
            "draft": args.draft, "fallback": args.neural, "seed": 0,
            # the prompts' token ids, so an edited --data-file with the same ids is not merged
@@ -225,7 +236,7 @@ def main(argv=None) -> None:
         for s in summary.values():
             s["of_oracle"] = s["speedup"] / summary["oracle"]["speedup"] if summary["oracle"]["speedup"] else 0.0
     meta = {"dataset": args.dataset, "n_prompts": len(encoded), "methods": methods, "model": lm.name,
-            "device": str(lm.device), "dtype": str(lm.dtype), "chat": chat, "budget": budget,
+            "device": str(lm.device), "dtype": lm.precision, "chat": chat, "budget": budget,
             "budget_source": source, "engine": asdict(cfg), "copy": asdict(copy_cfg),
             "torch": torch.__version__, "platform": platform.platform(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -1,8 +1,10 @@
-"""What users already have, as benchmark rows: transformers' own `generate`.
+"""What users already have, as benchmark rows: transformers' own `generate`, and llama.cpp.
 
 - `hf`: `model.generate` (greedy, or sampling with the same temperature / top-k / top-p);
 - `hf-pld`: `generate(..., prompt_lookup_num_tokens=10)` (prompt lookup decoding);
-- `hf-assisted`: `generate(..., assistant_model=DRAFT)` (assisted generation with a small draft model).
+- `hf-assisted`: `generate(..., assistant_model=DRAFT)` (assisted generation with a small draft model);
+- `llama-cpp`: llama.cpp (`llama-cpp-python`, an optional dependency built from source) on the same GGUF file,
+  greedy, the same prompt token ids (chat template included), as many threads as torch uses.
 
 A peer runs like an Engine (`run(ids, generator) -> Generation`, wall time around the call, stop at EOS), so
 the benchmark times it the same way, with transformers' default attention kernel (SDPA) even where our
@@ -19,7 +21,7 @@ import torch
 from ..core.config import EngineConfig
 from ..core.engine import Generation
 
-PEERS = ("hf", "hf-pld", "hf-assisted")
+PEERS = ("hf", "hf-pld", "hf-assisted", "llama-cpp")
 PLD_TOKENS = 10
 DEFAULT_ATTENTION = "sdpa"     # what from_pretrained picks when not told otherwise
 
@@ -80,3 +82,43 @@ class HFPeer:
 
     def close(self) -> None:
         pass
+
+
+def llama_cpp_missing() -> str | None:
+    """None when the llama-cpp peer can run, else why not (the bench skips the row with this message)."""
+    import importlib.util
+    if importlib.util.find_spec("llama_cpp") is None:
+        return ("llama-cpp skipped: llama-cpp-python is not installed (optional; `pip install llama-cpp-python` "
+                "builds llama.cpp from source, ~10 min on 2 cores)")
+    return None
+
+
+class LlamaCppPeer:
+    """llama.cpp on a GGUF file: greedy (temperature 0, no repeat penalty), stop at EOS or max_new_tokens."""
+
+    def __init__(self, gguf_path, cfg: EngineConfig, eos_ids: Sequence[int], threads: int | None = None):
+        if not cfg.sampling.greedy:
+            raise ValueError("the llama-cpp peer runs greedy decoding only (T = 0)")
+        from llama_cpp import Llama
+        self.cfg, self.eos = cfg, set(int(e) for e in eos_ids) if cfg.stop_at_eos else set()
+        self.llm = Llama(model_path=str(gguf_path), n_ctx=4096, n_threads=threads or torch.get_num_threads(),
+                         n_threads_batch=threads or torch.get_num_threads(), verbose=False)
+
+    def run(self, prompt_ids: Sequence[int], generator: torch.Generator | None = None) -> Generation:
+        new: list[int] = []
+        t0 = time.perf_counter()
+        for tok in self.llm.generate([int(t) for t in prompt_ids], top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
+                                     repeat_penalty=1.0, reset=True):
+            new.append(int(tok))
+            if tok in self.eos or len(new) >= self.cfg.max_new_tokens:
+                break
+        wall = time.perf_counter() - t0
+        steps = len(new)
+        stats = {"new_tokens": len(new), "steps": steps, "target_forwards": steps, "tok_per_fwd": 1.0,
+                 "wall_s": wall, "tok_s": len(new) / wall if wall > 0 else 0.0, "draft_s": 0.0, "verify_s": wall,
+                 "paths": {"llama-cpp": {"steps": steps, "accepted": 0, "drafted": 0, "zero": 0, "pct": 100.0,
+                                         "mal": 0.0}}}
+        return Generation(list(prompt_ids), new, [], stats)
+
+    def close(self) -> None:
+        self.llm.close() if hasattr(self.llm, "close") else None

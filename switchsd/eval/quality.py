@@ -235,7 +235,7 @@ def main(argv=None) -> None:
                                      resample_rate=sum(r["resamples"] for r in recs) / max(1, sum(r["forwards"] for r in recs)))
     bar.close()
     meta = {"method": args.method, "temperature": args.temperature, "limit": len(items), "seeds": args.seeds,
-            "max_new_tokens": args.max_new_tokens, "model": lm.name, "dtype": str(lm.dtype), "budget": budget,
+            "max_new_tokens": args.max_new_tokens, "model": lm.name, "dtype": lm.precision, "budget": budget,
             "easd_thresholds": easd, "command": "python -m switchsd.quality " + " ".join(argv or sys.argv[1:])}
     (out / "summary.json").write_text(json.dumps({"meta": meta, "rules": summary}, indent=1))
     print("| spec | accuracy (95% CI) | tok/fwd | Tok/s | low-p rate | overshoot mass | rejected |\n"

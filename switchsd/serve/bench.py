@@ -132,7 +132,7 @@ def main(argv=None) -> None:
     meta = {"requests": len(ids), "max_batch": args.max_batch, "rate": args.rate, "max_new_tokens": args.max_new_tokens,
             "method": args.method, "draft": args.draft, "gamma": args.gamma,
             "psd_sub_batch": args.psd_sub_batch or args.max_batch, "dataset": args.dataset, "model": lm.name,
-            "dtype": str(lm.dtype), "torch_threads": torch.get_num_threads(),
+            "dtype": lm.precision, "torch_threads": torch.get_num_threads(),
             "command": "python -m switchsd.serve_bench " + " ".join(argv if argv is not None else sys.argv[1:])}
     write_text_atomic(out / "results.json", json.dumps({"meta": meta, "modes": results, "traces": traces}, indent=1))
     lines = ["| mode | tok/s | x vanilla | latency p50 / p90 (s) | TTFT p50 (s) | batch mean | D (ms) | V (ms) | "

@@ -266,7 +266,7 @@ def iter_mode(mode: str, lm, cfg: EngineConfig, reqs: list[Req], max_batch: int,
             yield from run_batched(lm.model, external_decoder(lm.model, cfg, eos), cfg, reqs, max_batch,
                                    drafter=bd)
     elif base == "pearl":
-        proc = DrafterProcess(lm.name, str(lm.dtype).removeprefix("torch."), draft, gamma, max_batch,
+        proc = DrafterProcess(lm.name, lm.precision, draft, gamma, max_batch,
                               core=1 % n_cores)
         try:
             with cores(1, 0):
@@ -277,7 +277,7 @@ def iter_mode(mode: str, lm, cfg: EngineConfig, reqs: list[Req], max_batch: int,
     elif base == "psd":
         if one:
             raise ValueError("psd needs two cores (one for the target, one for the drafter)")
-        proc = DrafterProcess(lm.name, str(lm.dtype).removeprefix("torch."), draft, gamma, sub_batch or max_batch,
+        proc = DrafterProcess(lm.name, lm.precision, draft, gamma, sub_batch or max_batch,
                               core=1 % n_cores)
         try:
             with cores(1, 0):

@@ -25,7 +25,8 @@ import torch
 
 from ..core.costs import VerifyCost
 from ..io import write_text_atomic
-from .models import LoadedModel, cache_dir, dtype_choice_path, load_model
+from . import int4
+from .models import INT4, LoadedModel, cache_dir, dtype_choice_path, gguf_model, load_model
 from .forward import FORWARDS, make_target, resolve_forward
 
 DEFAULT_RATIO = 2.0
@@ -38,7 +39,7 @@ def calibration_path(lm: LoadedModel, forward: str = "auto") -> Path:
     safe = lm.name.replace("/", "--")
     kind = resolve_forward(lm.model, forward)
     return (cache_dir() / "calibration" /
-            f"{safe}-{lm.device.type}-{str(lm.dtype).replace('torch.', '')}-{'lean' if kind == 'lean' else lm.attn}.json")
+            f"{safe}-{lm.device.type}-{lm.precision}-{'lean' if kind == 'lean' else lm.attn}.json")
 
 
 @torch.inference_mode()
@@ -146,7 +147,7 @@ def device_cost(lm: LoadedModel, measure_if_missing: bool = True, forward: str =
         return VerifyCost({1: 1.0}, source="flat")
     import sys
     print(f"calibrating this device's verification cost ({lm.name}, {lm.device}, "
-          f"{str(lm.dtype).replace('torch.', '')}; once, a few seconds)...", file=sys.stderr)
+          f"{lm.precision}; once, a few seconds)...", file=sys.stderr)
     curve = measure(lm, max_tokens=32, prefix=256, repeats=3, progress=False, forward=forward)
     save(lm, curve, 256, DEFAULT_RATIO, forward)
     return VerifyCost(curve, source=str(path))
@@ -155,7 +156,7 @@ def device_cost(lm: LoadedModel, measure_if_missing: bool = True, forward: str =
 def save(lm: LoadedModel, curve: dict[int, float], prefix: int, ratio: float, forward: str = "auto") -> Path:
     path = calibration_path(lm, forward)
     path.parent.mkdir(parents=True, exist_ok=True)
-    out = {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype), "prefix": prefix,
+    out = {"model": lm.name, "device": str(lm.device), "dtype": lm.precision, "prefix": prefix,
            "forward": resolve_forward(lm.model, forward), "break_even": shapes_that_pay(curve),
            "curve_ms": curve, "ratio": ratio, "budget": budget_from_curve(curve, ratio)}
     write_text_atomic(path, json.dumps(out, indent=1))
@@ -165,7 +166,7 @@ def save(lm: LoadedModel, curve: dict[int, float], prefix: int, ratio: float, fo
 def _report(lm: LoadedModel, curve: dict[int, float], ratio: float, path: Path) -> None:
     base = curve[min(curve)]
     cost = VerifyCost(curve)
-    print(f"{lm.name} on {lm.device}, {str(lm.dtype).replace('torch.', '')}:")
+    print(f"{lm.name} on {lm.device}, {lm.precision}:")
     for n, ms in curve.items():
         pad = cost.pad_to(n)
         print(f"{n:4d} tokens  {ms:8.2f} ms  x{ms / base:5.2f}" + (f"   (padded to {pad}: {curve[pad]:.2f} ms)"
@@ -202,12 +203,13 @@ def main(argv=None) -> None:
         ap.error("--max-tokens, --repeats and --prefix must be >= 1")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtypes = [args.dtype]
-    if args.dtype == "auto" and device == "cpu":
-        dtypes = ["float32", "bfloat16"]     # both, to pick this CPU's --dtype auto
+    if args.dtype == "auto" and device == "cpu":     # every format, to pick this CPU's --dtype auto
+        dtypes = ["float32", "bfloat16"] + (list(INT4) if gguf_model(args.model) and int4.available()
+                                            else [])
     results, attention = {}, {}
     for dt in dtypes:
         lm = load_model(args.model, dt, device, attention="sdpa")
-        name = str(lm.dtype).replace("torch.", "")
+        name = lm.precision
         kind = resolve_forward(lm.model, args.forward)
         one = {}
         for impl in ("sdpa", "eager"):         # transformers' faster attention kernel for decoding, per dtype
@@ -219,10 +221,10 @@ def main(argv=None) -> None:
               f"-> {attention[name]}")
         curve = measure(lm, args.max_tokens, args.prefix, args.repeats, forward=kind)
         floor = matmul_floor(lm, 1, args.repeats, forward=kind)
-        hf_floor = matmul_floor(lm, 1, args.repeats, forward="hf")
+        hf_floor = None if int4.is_int4(lm.model) else matmul_floor(lm, 1, args.repeats, forward="hf")
         print(f"{name}: {kind} one-token forward {curve[1]:.2f} ms = {curve[1] / floor:.2f}x its matmul floor "
-              f"({floor:.2f} ms: its linear layers alone; transformers' F.linear on the same weights "
-              f"{hf_floor:.2f} ms, its forward {one[attention[name]]:.2f} ms)")
+              f"({floor:.2f} ms: its linear layers alone" + (f"; transformers' F.linear on the same weights "
+              f"{hf_floor:.2f} ms" if hf_floor else "") + f", transformers' forward {one[attention[name]]:.2f} ms)")
         path = save(lm, curve, args.prefix, args.ratio, kind)
         _report(lm, curve, args.ratio, path)
         results[name] = {"forward": kind, "curve_ms": curve, "path": str(path),
@@ -239,10 +241,13 @@ def main(argv=None) -> None:
     out = {"attention": {**old.get("attention", {}), **attention}}
     if len(results) > 1:
         out["fastest"] = min(results, key=lambda d: results[d]["curve_ms"][1])
+        dense = [d for d in results if d not in INT4]
+        if dense:
+            out["fastest_dense"] = min(dense, key=lambda d: results[d]["curve_ms"][1])
         out["one_token_ms"] = {d: r["curve_ms"][1] for d, r in results.items()}
         print(f"fastest dtype for decoding here: {out['fastest']} (--dtype auto uses it)")
-    elif "fastest" in old:
-        out["fastest"] = old["fastest"]
+    else:
+        out.update({k: old[k] for k in ("fastest", "fastest_dense", "one_token_ms") if k in old})
     choice.parent.mkdir(parents=True, exist_ok=True)
     choice.write_text(json.dumps(out))
     print(f"attention kernels {out['attention']} -> {choice}")

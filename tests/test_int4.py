@@ -1,0 +1,109 @@
+"""The int4 path: GGUF Q4_0 / Q4_1 blocks read into torch's CPU int4 kernel hold exactly the GGUF's de-quantised
+weights (float32 activations), the kernel and its fused copies compute those weights' products, and the engine's
+greedy output on an int4 model equals that model's own one-row vanilla decoding for every method (tiny random
+Llama quantised to Q4_1 groups, and the real offline model from its own GGUF groups)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import STANDALONE_METHODS, make_engine, make_tiny_model, random_prompt, repetitive_prompt
+from switchsd.target import int4
+from switchsd.target.int4 import GROUP, Int4Linear, q4_groups, quantize_to_int4
+
+pytestmark = pytest.mark.skipif(not int4.available(), reason="no CPU int4 kernel in this torch build")
+
+
+def _blocks(kind: str, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Random GGUF blocks [n, k/32 * bytes] and the float32 weights GGUF's reference de-quantiser gives them."""
+    r = np.random.default_rng(seed)
+    nb = k // GROUP
+    d = r.uniform(1e-3, 0.05, (n, nb)).astype(np.float16)
+    m = (-8 * d.astype(np.float32) * r.uniform(0.5, 1.5, (n, nb))).astype(np.float16)
+    q = r.integers(0, 16, (n, nb, GROUP)).astype(np.uint8)
+    qs = (q[..., :16] | (q[..., 16:] << 4)).astype(np.uint8)                      # low nibbles: the first 16
+    parts = [d[..., None].view(np.uint8)] + ([m[..., None].view(np.uint8)] if kind == "Q4_1" else []) + [qs]
+    raw = np.concatenate(parts, -1).reshape(n, -1)
+    from gguf import GGMLQuantizationType, dequantize
+    w = dequantize(raw, GGMLQuantizationType[kind]).astype(np.float32).reshape(n, k)
+    return raw, w
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q4_0"])
+def test_gguf_blocks_into_the_kernel_are_the_gguf_weights_bit_for_bit(kind):
+    raw, w = _blocks(kind, 48, 128)
+    codes, scale, zero = q4_groups(raw, kind)
+    lin = Int4Linear(codes, scale, zero, torch.float32)
+    ref = torch.from_numpy(w)
+    assert torch.equal(lin.dequantized(), ref)
+    assert torch.equal(lin(torch.eye(128)).t(), ref)                          # what the kernel multiplies by
+    x = torch.randn(5, 128, dtype=torch.float64)
+    assert torch.allclose(lin(x.float()).double(), x @ ref.double().t(), atol=1e-4)
+    wide = Int4Linear(codes, scale, zero, torch.float32, wide_rows=2)       # > 2 rows: dense, same weights
+    assert torch.allclose(wide(x.float()), lin(x.float()), atol=1e-5) and wide._dense is not None
+    assert torch.equal(wide._dense, ref)
+    # bfloat16 activations: scales and zeros rounded to bfloat16, products within that rounding
+    lb = Int4Linear(codes, scale, zero, torch.bfloat16)
+    y = lb(x.bfloat16()).double()
+    assert (y - x @ ref.double().t()).abs().max() < 0.05 * (x @ ref.double().t()).abs().max()
+
+
+def test_fused_matrix_computes_the_parts():
+    raws = [q4_groups(_blocks("Q4_1", n, 64, seed=s)[0], "Q4_1") for s, n in enumerate((32, 16, 16))]
+    parts = [Int4Linear(*g, torch.float32) for g in raws]
+    fused = Int4Linear.fuse(parts)
+    x = torch.randn(3, 7, 64)
+    assert torch.equal(fused(x), torch.cat([p(x) for p in parts], -1))
+    with pytest.raises(ValueError, match="in_features"):
+        Int4Linear(torch.zeros(8, 40, dtype=torch.uint8), torch.ones(8, 1), torch.zeros(8, 1), torch.float32)
+
+
+def _tiny_int4():
+    model, dense = make_tiny_model().float(), make_tiny_model().float()
+    assert quantize_to_int4(model) == 14
+    assert int4.is_int4(model)
+    x = torch.tensor([random_prompt(1, 10)])
+    with torch.inference_mode():     # the swapped layers run (4-bit groups are lossy: the logits move)
+        assert not torch.allclose(model(x).logits, dense(x).logits, atol=1e-3)
+    return model
+
+
+@pytest.mark.parametrize("method", [m for m in STANDALONE_METHODS if m not in ("oracle",)])
+def test_tiny_int4_model_every_method_equals_its_own_vanilla(method):
+    model = _tiny_int4()
+    for seed, prompt in enumerate([random_prompt(3, 12), repetitive_prompt(4)]):
+        ref = make_engine(model, "vanilla", max_new_tokens=24).run(prompt).token_ids
+        got = make_engine(model, method, max_new_tokens=24).run(prompt).token_ids
+        assert got == ref, f"{method} parts from vanilla on prompt {seed}"
+
+
+def test_int4_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
+        quantize_to_int4(make_tiny_model())                                   # float64
+    from switchsd.target.models import ModelLoadError, load_model
+    with pytest.raises(ModelLoadError, match="GGUF"):
+        load_model("some/hub-model", "int4", "cpu")
+
+
+@pytest.mark.real
+def test_real_model_int4_is_the_gguf_and_decodes_like_its_own_vanilla(real_lm):
+    """The offline model from its own Q4_1 groups (float32 activations): every swapped matrix equals the float32
+    model's (de-quantised by transformers from the same file) bit for bit, and SwitchSD's and EAGLE-3's greedy
+    outputs equal int4 vanilla's."""
+    from switchsd.core.config import EngineConfig
+    from switchsd.factory import Drafters, build_engine
+    from switchsd.target.models import load_model
+    lm = load_model(dtype="int4-float32", device="cpu")
+    assert lm.precision == "int4-float32"
+    dense = dict(real_lm.model.named_modules())
+    swapped = [(n, m) for n, m in lm.model.named_modules() if isinstance(m, Int4Linear)]
+    assert len(swapped) == 7 * 30
+    for n, m in swapped:
+        assert torch.equal(m.dequantized(), dense[n].weight), n
+    cfg = EngineConfig(max_new_tokens=32)
+    drafters = Drafters(lm)
+    ids = lm.encode("Repeat exactly: def add(a, b): return a + b  # the quick brown fox", chat=True)
+    ref = build_engine("vanilla", lm, drafters, cfg).run(ids).token_ids
+    for method in ("switchsd", "eagle3"):
+        assert build_engine(method, lm, drafters, cfg).run(ids).token_ids == ref, method
