@@ -164,3 +164,18 @@ def test_bench_main_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     bench.main(argv)                                         # resumes: every prompt is in partial.jsonl
     again = _json.loads(capsys.readouterr().out.strip().splitlines()[-1])["methods"]
     assert not runs and {k: v["identical"] for k, v in again.items()} == {k: v["identical"] for k, v in last.items()}
+
+
+def test_default_data_files_are_found_next_to_the_checkout(tmp_path, monkeypatch):
+    """`../shared/data` beside the checkout (the README's promise) and `shared/data` inside it are searched."""
+    from pathlib import Path
+    from switchsd.eval import datasets
+    monkeypatch.delenv("SWITCHSD_DATA", raising=False)
+    checkout = Path(datasets.__file__).resolve().parents[2]
+    found = datasets._find("math500", None)
+    beside = checkout.parent / "shared" / "data" / datasets.DEFAULT_FILES["math500"]
+    inside = checkout / "shared" / "data" / datasets.DEFAULT_FILES["math500"]
+    assert found == (beside if beside.exists() else inside if inside.exists() else None)
+    (tmp_path / datasets.DEFAULT_FILES["math500"]).write_text("")
+    monkeypatch.setenv("SWITCHSD_DATA", str(tmp_path))
+    assert datasets._find("math500", None) == tmp_path / datasets.DEFAULT_FILES["math500"]

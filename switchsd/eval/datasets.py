@@ -29,7 +29,8 @@ def _find(name: str, data_file: str | None) -> Path | None:
     fname = DEFAULT_FILES.get(name)
     if not fname:
         return None
-    roots = [os.environ.get("SWITCHSD_DATA"), Path(__file__).resolve().parents[2] / "shared" / "data"]
+    checkout = Path(__file__).resolve().parents[2]               # switchsd/eval/datasets.py -> the checkout
+    roots = [os.environ.get("SWITCHSD_DATA"), checkout.parent / "shared" / "data", checkout / "shared" / "data"]
     for root in roots:
         if root and (Path(root) / fname).exists():
             return Path(root) / fname
