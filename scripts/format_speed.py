@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from switchsd.core.config import EngineConfig
 from switchsd.eval.datasets import DATASETS, load_prompts
+from switchsd.eval.mismatch import explain
 from switchsd.eval.peers import LlamaCppPeer, llama_cpp_missing
 from switchsd.factory import Drafters, build_engine
 from switchsd.target import int4
@@ -66,18 +67,24 @@ def main(argv=None) -> None:
     base, cpp = rates.get("bfloat16"), rates.get("llama-cpp")
     mean = {k: statistics.mean(v) for k, v in rates.items()}
     ref = outs.get("float32")
-    res = {k: {"tok_s": mean[k], "x_bfloat16": mean[k] / statistics.mean(base) if base else None,
+    # where a format's greedy text parts from the float32 model's: the float32 logit margin there (near-tie?)
+    f32 = lms["float32"].model if "float32" in lms else None
+    parted = {k: [explain(f32, x, a, b) for x, a, b in zip(ids, ref, outs[k]) if a != b] if ref and f32 is not None
+              else [] for k in runners}
+    res = {k: {"tok_s": mean[k], "parted": parted[k], "x_bfloat16": mean[k] / statistics.mean(base) if base else None,
                "x_llama_cpp": mean[k] / statistics.mean(cpp) if cpp else None,
                "same_as_float32": sum(a == b for a, b in zip(outs[k], ref)) if ref else None,
                "curve_ms": {n: curves[k][n] for n in (1, 4, 8, 16) if k in curves and n in curves[k]}}
            for k in runners}
-    lines = ["| format | Tok/s (mean) | x bfloat16 | x llama.cpp | same tokens as float32 | verify ms at 1 / 4 / 8 / 16 rows |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| format | Tok/s (mean) | x bfloat16 | x llama.cpp | same tokens as float32 | float32 margins where "
+             "it parts | verify ms at 1 / 4 / 8 / 16 rows |", "|---|---|---|---|---|---|---|"]
     for k, s in res.items():
         c = s["curve_ms"]
         lines.append(f"| {k} | {s['tok_s']:.1f} | " + (f"{s['x_bfloat16']:.2f}x" if s["x_bfloat16"] else "-") + " | "
                      + (f"{s['x_llama_cpp']:.2f}x" if s["x_llama_cpp"] else "-") + " | "
                      + (f"{s['same_as_float32']}/{len(ids)}" if s["same_as_float32"] is not None else "-") + " | "
+                     + (", ".join(f"{abs(p['fp32_margin']):.3f}" if p.get("kind") == "token" else "length"
+                                  for p in s["parted"]) or "-") + " | "
                      + (" / ".join(f"{c[n]:.1f}" for n in (1, 4, 8, 16) if n in c) or "-") + " |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
