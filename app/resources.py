@@ -11,7 +11,7 @@ from switchsd.target.calibrate import load_budget
 from switchsd.core.config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, SamplingConfig
 from switchsd.core.engine import Engine
 from switchsd.factory import DEFAULT_HEADS, DEFAULT_PROBES, Drafters, SetupError, build_engine
-from switchsd.target.models import DEFAULT_MODEL, LoadedModel, load_model
+from switchsd.target.models import DEFAULT_MODEL, LoadedModel, auto_device, gguf_model, load_model
 from switchsd.core.probe import Probe, ProbeError, load_probe
 
 from .worker import TorchThread
@@ -47,7 +47,9 @@ class Resources:
         """The target in the studio's dtype (`--dtype`, default auto: the fastest here) or, on request,
         float32 (token-for-token identical to vanilla). Loads happen on the torch thread, one at a time, and
         no lock is held while waiting for it (a job already on that thread may itself ask for the model)."""
-        key = "float32" if dtype == "float32" else self.dtype
+        key = dtype if dtype in ("float32", "int4") else self.dtype
+        if key == "int4" and not self.int4_available():
+            raise UserError("int4 runs a GGUF model's own 4-bit weights on CPU: not available for this model/device")
         lm = self._lms.get(key)
         return lm if lm is not None else self.worker.call(self._load, key)
 
@@ -55,6 +57,11 @@ class Resources:
         if key not in self._lms:
             self._lms[key] = load_model(self.model_name, key, self.device)
         return self._lms[key]
+
+    def int4_available(self) -> bool:
+        """The int4 format: a GGUF model (the offline default or a .gguf file) on CPU, with torch's int4 kernel."""
+        from switchsd.target import int4
+        return gguf_model(self.model_name) and (self.device or auto_device()) == "cpu" and int4.available()
 
     def default_method(self) -> str:
         """switchsd when its probe and EAGLE3 head are at hand for the default setup, else the copy path."""

@@ -27,6 +27,7 @@ from .int4 import Int4Linear
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 MAX_FAST_ROWS = 32       # verify forwards are at most this wide; longer inputs are prefills
+ROW_ATTENTION_MAX = 32   # `row_attention`: the few-row attention for forwards of up to this many query rows
 Site = tuple[int, str]
 
 
@@ -197,6 +198,9 @@ class LeanLlama:
         self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
         self.groups = self.heads // self.kv_heads
         self.scale = self.head_dim ** -0.5
+        # the few-row attention (`_attend_rows`) for the int4 formats; the dense ones keep SDPA, whose numbers
+        # are transformers' bit for bit (tests/test_lean.py)
+        self.row_attention = isinstance(self.layers[0][1], Int4Linear)
 
     @classmethod
     def of(cls, model) -> "LeanLlama":
@@ -229,13 +233,31 @@ class LeanLlama:
         b, kv, s, hd = t.shape
         return t[:, :, None].expand(b, kv, self.groups, s, hd).reshape(b, kv * self.groups, s, hd)
 
+    def _attend_rows(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention for a few query rows as two batched matrix products per KV group (no K/V copies for GQA):
+        q [B, H, T, hd]; keys/values [B, KV, S, hd]; mask None, additive [B, 1, T, S] or boolean (True: attend).
+        The general kernels pay a fixed cost per call that dominates when T is 1-32 (one-token steps, verify)."""
+        B, H, T, hd = q.shape
+        KV, S = keys.shape[1], keys.shape[2]
+        g = H // KV                                     # head h reads KV head h // g (transformers' repeat_kv)
+        s = torch.matmul(q.reshape(B, KV, g * T, hd), keys.transpose(-1, -2)).view(B, KV, g, T, S)
+        s = s.float() * self.scale                                                  # [B, KV, g, T, S]
+        if mask is not None:
+            m = mask[:, :, None]                                                    # [B, 1, 1, T, S]
+            s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
+        p = torch.softmax(s, -1).to(q.dtype).view(B, KV, g * T, S)
+        return torch.matmul(p, values).view(B, H, T, hd)                            # [B, H, T, hd]
+
     def finish_layer(self, i: int, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                      mask: torch.Tensor | None, causal: bool, want: set, captured: dict) -> torch.Tensor:
         """Layer i after q/k/v: attention (additive `mask`, else causal when `causal`), o_proj, the MLP; records
         the hidden states at the wanted sites. x [B, T, d]; q [B, H, T, hd]; keys/values [B, KV, S, hd]."""
         _, _, o_proj, n2, gate_up, down = self.layers[i]
         B, _, T, hd = q.shape
-        if mask is None:
+        if self.row_attention and T <= ROW_ATTENTION_MAX and not (mask is None and causal):
+            att = self._attend_rows(q, keys, values, mask)
+        elif mask is None:
             att = F.scaled_dot_product_attention(q, keys, values, is_causal=causal, scale=self.scale,
                                                  enable_gqa=self.groups > 1)
         else:
