@@ -49,6 +49,20 @@ def test_gguf_blocks_into_the_kernel_are_the_gguf_weights_bit_for_bit(kind):
     assert (y - x @ ref.double().t()).abs().max() < 0.05 * (x @ ref.double().t()).abs().max()
 
 
+def test_q8_blocks_as_two_int4_halves_are_the_gguf_weights():
+    from gguf import GGMLQuantizationType, dequantize
+    from switchsd.target.int4 import Int8Head, q8_halves
+    r = np.random.default_rng(3)
+    d = r.uniform(1e-3, 0.05, (48, 4, 1)).astype(np.float16)
+    q = r.integers(-128, 128, (48, 4, 32)).astype(np.int8)
+    raw = np.concatenate([d.view(np.uint8), q.view(np.uint8)], -1).reshape(48, -1)
+    ref = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q8_0).astype(np.float32).reshape(48, 128))
+    head = Int8Head(q8_halves(raw), torch.float32)
+    assert torch.equal(head.dequantized(), ref)
+    x = torch.randn(3, 128, dtype=torch.float64)
+    assert torch.allclose(head(x.float()).double(), x @ ref.double().t(), atol=1e-4)
+
+
 def test_fused_matrix_computes_the_parts():
     raws = [q4_groups(_blocks("Q4_1", n, 64, seed=s)[0], "Q4_1") for s, n in enumerate((32, 16, 16))]
     parts = [Int4Linear(*g, torch.float32) for g in raws]
@@ -101,6 +115,8 @@ def test_real_model_int4_is_the_gguf_and_decodes_like_its_own_vanilla(real_lm):
     assert len(swapped) == 7 * 30
     for n, m in swapped:
         assert torch.equal(m.dequantized(), dense[n].weight), n
+    head = lm.model._switchsd_int8_head                       # the tied Q8_0 embedding as the LM head
+    assert torch.equal(head.dequantized(), real_lm.model.lm_head.weight)
     cfg = EngineConfig(max_new_tokens=32)
     drafters = Drafters(lm)
     ids = lm.encode("Repeat exactly: def add(a, b): return a + b  # the quick brown fox", chat=True)

@@ -10,8 +10,9 @@ activations the kernel wants bfloat16 scales and zeros: d and m + 8d are rounded
 
     swap_to_int4(model, gguf_path)     # q/k/v/o/gate/up/down of every layer -> Int4Linear (in place)
 
-The embedding (Q8_0 in the offline GGUF) and the tied LM head stay dense. The lean forward fuses q|k|v and
-gate|up of Int4Linear layers into one packed matrix each (`Int4Linear.fuse`).
+The embedding lookup stays dense. The LM head, when the file holds it as Q8_0 (the offline GGUF's tied embedding),
+runs as two int4 products (`Int8Head`: 8-bit codes split into nibbles, the same weights, half the bytes of
+bfloat16). The lean forward fuses q|k|v and gate|up of Int4Linear layers into one packed matrix each.
 """
 from __future__ import annotations
 
@@ -44,6 +45,34 @@ def q4_groups(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor, t
     return torch.from_numpy(codes.copy()), torch.from_numpy(d), torch.from_numpy(zero.astype(np.float32))
 
 
+def q8_halves(raw: np.ndarray) -> tuple[tuple, tuple]:
+    """GGUF Q8_0 blocks (w = d * q, q int8, d float16 per 32) of an [N, K] matrix as two 4-bit group sets whose
+    sum is w: with u = q + 128 = 16 hi + lo, w = 16d (hi - 8) + [d (lo - 8) + 8d]. Exact in float32."""
+    n = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(n, -1, 34)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)        # [N, K/32]
+    u = (blocks[..., 2:].copy().view(np.int8).astype(np.int16) + 128).astype(np.uint8).reshape(n, -1)
+    hi, lo = torch.from_numpy(u >> 4), torch.from_numpy(u & 0x0F)
+    d = torch.from_numpy(d)
+    return (hi, 16 * d, torch.zeros_like(d)), (lo, d, 8 * d)
+
+
+class Int8Head:
+    """An 8-bit matrix as the sum of two int4 products (`q8_halves`)."""
+
+    def __init__(self, halves: tuple[tuple, tuple], dtype: torch.dtype, wide_rows: int = 32):
+        self.hi, self.lo = (Int4Linear(*h, dtype, wide_rows) for h in halves)
+        self.in_features = self.hi.in_features
+
+    def dequantized(self) -> torch.Tensor:
+        return self.hi.dequantized() + self.lo.dequantized()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.hi(x) + self.lo(x)
+
+    fast = __call__
+
+
 def _reverse_permute(n_rows: int, n_head: int) -> torch.Tensor:
     """The row order transformers' GGUF loader gives q/k (llama.cpp stores rotary halves interleaved)."""
     idx = torch.arange(n_rows)
@@ -64,8 +93,8 @@ class Int4Linear(torch.nn.Module):
         super().__init__()
         self.wide_rows, self._dense = wide_rows, None
         n, k = codes.shape
-        if k % GROUP or n % 8:
-            raise ValueError(f"int4 needs in_features % {GROUP} == 0 and out_features % 8 == 0, got [{n}, {k}]")
+        if k % GROUP or n % 16:
+            raise ValueError(f"int4 needs in_features % {GROUP} == 0 and out_features % 16 == 0, got [{n}, {k}]")
         self.in_features, self.out_features, self.dtype = k, n, dtype
         self.codes, self.scale, self.zero = codes, scale, zero                    # kept for fusing
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
@@ -160,6 +189,14 @@ def swap_to_int4(model, gguf_path: str | Path, wide_rows: int = 32) -> int:
 
     n = _swap(model, groups, wide_rows)
     model._switchsd_int4 = str(gguf_path)
+    head = tensors.get("output.weight")                              # an untied head, else the tied embedding
+    head = head if head is not None else tensors.get("token_embd.weight")
+    lm_head = getattr(model, "lm_head", None)
+    if head is not None and head.tensor_type.name == "Q8_0" and lm_head is not None \
+            and tuple(lm_head.weight.shape) == (int(head.shape[1]), int(head.shape[0])) \
+            and lm_head.weight.shape[1] % GROUP == 0 and lm_head.weight.shape[0] % 16 == 0:
+        model._switchsd_int8_head = Int8Head(q8_halves(np.asarray(head.data)), next(model.parameters()).dtype,
+                                             wide_rows)
     return n
 
 

@@ -193,7 +193,7 @@ class LeanLlama:
                                 layer.post_attention_layernorm.weight, made["gate_up"], made["down"]))
         self.exact_rows = min([*rows.values(), MAX_FAST_ROWS])
         self.norm = inner.norm.weight
-        self.head = _Linear([wb(model.lm_head)])
+        self.head = getattr(model, "_switchsd_int8_head", None) or _Linear([wb(model.lm_head)])
         self.inv_freq = inner.rotary_emb.inv_freq.float()                          # [hd/2]
         self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
         self.groups = self.heads // self.kv_heads
