@@ -208,12 +208,12 @@ def _shipped_probe_auc(lm, rows, tmp_path, max_new_tokens: int) -> tuple[float, 
 
 @pytest.mark.real
 def test_shipped_probe_on_held_out_copydiversity(real_lm, tmp_path):
-    """48 fresh CopyDiversity prompts of all 32 types (another seed, none in the training set), scored the way
-    the validation split was: 192 new greedy tokens, decision-aligned labels.
-    Measured: AUC 0.948, 6815 positions (validation split: 0.945)."""
+    """48 fresh CopyDiversity prompts of all 32 types (another seed, none in the training set), decision-aligned
+    labels, 128 new greedy tokens (to keep the suite under 10 minutes). Measured: AUC 0.938 at 128 tokens;
+    0.948 at 192 (6815 positions; validation split 0.945): short answers hold fewer long-range repeats."""
     from probes import copydiversity
-    auc, _ = _shipped_probe_auc(real_lm, copydiversity.held_out(48, seed=12345), tmp_path, 192)
-    assert auc >= 0.94
+    auc, _ = _shipped_probe_auc(real_lm, copydiversity.held_out(48, seed=12345), tmp_path, 128)
+    assert auc >= 0.93
 
 
 @pytest.mark.real
