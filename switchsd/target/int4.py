@@ -31,14 +31,19 @@ def available() -> bool:
     return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
 
 
+def _half(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The float16 stored at byte `at` of every block, as float32 (exact)."""
+    return blocks[..., at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+
 def q4_groups(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GGUF Q4_0 / Q4_1 blocks of an [N, K] matrix (raw: uint8 [N, K/32 * block bytes]) ->
     codes uint8 [N, K] (0..15), scale and zero float32 [N, K/32] with w = (q - 8) * scale + zero."""
     head = {"Q4_0": 2, "Q4_1": 4}[kind]
     n = raw.shape[0]
     blocks = np.ascontiguousarray(raw).reshape(n, -1, head + 16)                    # [N, K/32, bytes]
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)        # [N, K/32]
-    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if kind == "Q4_1" else None
+    d = _half(blocks, 0)                                                             # [N, K/32]
+    m = _half(blocks, 2) if kind == "Q4_1" else None
     qs = blocks[..., head:]                                                          # [N, K/32, 16]
     codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, -1)          # low nibbles first
     zero = (m + np.float32(8) * d) if m is not None else np.zeros_like(d)
@@ -50,7 +55,7 @@ def q8_halves(raw: np.ndarray) -> tuple[tuple, tuple]:
     sum is w: with u = q + 128 = 16 hi + lo, w = 16d (hi - 8) + [d (lo - 8) + 8d]. Exact in float32."""
     n = raw.shape[0]
     blocks = np.ascontiguousarray(raw).reshape(n, -1, 34)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)        # [N, K/32]
+    d = _half(blocks, 0)                                                             # [N, K/32]
     u = (blocks[..., 2:].copy().view(np.int8).astype(np.int16) + 128).astype(np.uint8).reshape(n, -1)
     hi, lo = torch.from_numpy(u >> 4), torch.from_numpy(u & 0x0F)
     d = torch.from_numpy(d)
