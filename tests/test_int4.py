@@ -125,33 +125,6 @@ def test_real_model_int4_is_the_gguf_and_decodes_like_its_own_vanilla(real_lm):
         assert build_engine(method, lm, drafters, cfg).run(ids).token_ids == ref, method
 
 
-@torch.inference_mode()
-def test_few_row_attention_computes_what_sdpa_computes():
-    """The int4 formats' attention for few query rows (`LeanLlama._attend_rows`: GQA groups without K/V copies,
-    additive and boolean masks) against SDPA on the same forwards: prefill, one-token steps, a masked tree."""
-    from switchsd.core.tree import build_tree, tree_mask, tree_positions
-    from switchsd.target.lean import LeanLlama
-    model = _tiny_int4()
-    lean = LeanLlama.of(model)
-    assert lean.row_attention
-    prompt = random_prompt(7, 20)
-    outs = {}
-    for rows in (True, False):
-        lean.row_attention = rows
-        cache = lean.new_cache(64)
-        got = [lean.forward(torch.tensor([prompt[:-1]]), cache)[0]]
-        got.append(lean.forward(torch.tensor([[prompt[-1]]]), cache)[0])
-        got.append(lean.forward(torch.tensor([[3, 4, 5]]), cache)[0])                  # causal chain (bool mask)
-        tree = build_tree(6, [[7, 8], [9]], budget=8)
-        n = len(cache)
-        got.append(lean.forward(torch.tensor([tree.tokens]), cache, tree_positions(tree, n, "cpu"),
-                                tree_mask(tree, n, torch.float32, "cpu"))[0])
-        outs[rows] = got
-    lean.row_attention = True
-    for a, b in zip(outs[True], outs[False]):
-        assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
-
-
 def test_studio_offers_int4_only_for_gguf_models_on_cpu():
     from app.resources import Resources, UserError
     assert Resources(device="cpu").int4_available()

@@ -27,6 +27,9 @@ PROJ = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v
         "mlp.down_proj": "ffn_down"}
 
 
+_INT4_MM = getattr(getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None), "default", None)  # resolved once
+
+
 def available() -> bool:
     return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
 
@@ -119,14 +122,13 @@ class Int4Linear(torch.nn.Module):
         return w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:                          # [..., K] -> [..., N]
-        shape = x.shape
-        if x.numel() > self.wide_rows * shape[-1]:
+        rows = x.numel() // self.in_features
+        if rows > self.wide_rows:
             if self._dense is None:
                 self._dense = self.dequantized().to(self.dtype)                  # [N, K]
             return torch.nn.functional.linear(x, self._dense)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, shape[-1]).contiguous(), self.packed,
-                                                       GROUP, self.sz)
-        return y.view(*shape[:-1], self.out_features)
+        y = _INT4_MM(x.reshape(rows, self.in_features).contiguous(), self.packed, GROUP, self.sz)  # [rows, N]
+        return y.view(*x.shape[:-1], self.out_features)
 
     fast = forward                  # the lean forward's name for its fused product (calibrate's matmul floor)
     __call__ = forward              # skip nn.Module's hook machinery: ~200 calls per token

@@ -27,7 +27,6 @@ from .int4 import Int4Linear
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 MAX_FAST_ROWS = 32       # verify forwards are at most this wide; longer inputs are prefills
-ROW_ATTENTION_MAX = 32   # `row_attention`: the few-row attention for forwards of up to this many query rows
 Site = tuple[int, str]
 
 
@@ -196,11 +195,9 @@ class LeanLlama:
         self.head = getattr(model, "_switchsd_int8_head", None) or _Linear([wb(model.lm_head)])
         self.inv_freq = inner.rotary_emb.inv_freq.float()                          # [hd/2]
         self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
+        self._cos = self._sin = None                                               # `_rotary`'s tables
         self.groups = self.heads // self.kv_heads
         self.scale = self.head_dim ** -0.5
-        # the few-row attention (`_attend_rows`) for the int4 formats; the dense ones keep SDPA, whose numbers
-        # are transformers' bit for bit (tests/test_lean.py)
-        self.row_attention = isinstance(self.layers[0][1], Int4Linear)
 
     @classmethod
     def of(cls, model) -> "LeanLlama":
@@ -215,39 +212,29 @@ class LeanLlama:
         return StaticKVCache(self.n_layers, self.kv_heads, self.head_dim, capacity, self.dtype, self.device)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        xf = x.to(torch.float32)
-        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        # transformers' arithmetic (normalise in float32, round, then scale) with the normalisation as one fused
+        # op: equal bit for bit to the seven-op form on CPU (checked in float32 and bfloat16)
+        return w * F.rms_norm(x.to(torch.float32), x.shape[-1:], eps=self.eps).to(x.dtype)
 
-    def _rotary(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = pos[..., None].float() * self.inv_freq.to(pos.device)              # [1, T, hd/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos() * self.rope_scale, emb.sin() * self.rope_scale
-        return cos.to(self.dtype)[:, :, None], sin.to(self.dtype)[:, :, None]      # [1, T, 1, hd]
+    def _rotary(self, pos: torch.Tensor, upto: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and a signed sin at positions `pos` [B, T], [B, T, 1, hd] each, read from tables kept for
+        positions < `upto` (default pos.max() + 1; grown by doubling). x * cos + roll(x, hd/2) * sin_signed is
+        transformers' x * cos + rotate_half(x) * sin bit for bit (the minus moves from -x2 * sin1 to x2 * -sin1);
+        the tables hold transformers' values (pos * inv_freq in float32, cos / sin, scaled, rounded to dtype)."""
+        need = int(pos.max()) + 1 if upto is None else upto
+        if self._cos is None or need > self._cos.shape[0]:
+            n = max(need, 2 * (0 if self._cos is None else self._cos.shape[0]), 256)
+            freqs = torch.arange(n, device=self.device).float()[:, None] * self.inv_freq.to(self.device)
+            emb = torch.cat((freqs, freqs), dim=-1)                                # [n, hd]
+            cos, sin = emb.cos() * self.rope_scale, emb.sin() * self.rope_scale
+            half = sin.shape[-1] // 2
+            sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+            self._cos, self._sin = cos.to(self.dtype), sin.to(self.dtype)
+        return self._cos[pos][:, :, None], self._sin[pos][:, :, None]              # [B, T, 1, hd]
 
     @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-    def _repeat(self, t: torch.Tensor) -> torch.Tensor:                          # [1, KV, S, hd] -> [1, H, S, hd]
-        b, kv, s, hd = t.shape
-        return t[:, :, None].expand(b, kv, self.groups, s, hd).reshape(b, kv * self.groups, s, hd)
-
-    def _attend_rows(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                     mask: torch.Tensor | None) -> torch.Tensor:
-        """Attention for a few query rows as two batched matrix products per KV group (no K/V copies for GQA):
-        q [B, H, T, hd]; keys/values [B, KV, S, hd]; mask None, additive [B, 1, T, S] or boolean (True: attend).
-        The general kernels pay a fixed cost per call that dominates when T is 1-32 (one-token steps, verify)."""
-        B, H, T, hd = q.shape
-        KV, S = keys.shape[1], keys.shape[2]
-        g = H // KV                                     # head h reads KV head h // g (transformers' repeat_kv)
-        s = torch.matmul(q.reshape(B, KV, g * T, hd), keys.transpose(-1, -2)).view(B, KV, g, T, S)
-        s = s.float() * self.scale                                                  # [B, KV, g, T, S]
-        if mask is not None:
-            m = mask[:, :, None]                                                    # [B, 1, 1, T, S]
-            s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
-        p = torch.softmax(s, -1).to(q.dtype).view(B, KV, g * T, S)
-        return torch.matmul(p, values).view(B, H, T, hd)                            # [B, H, T, hd]
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+        return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin_signed
 
     def finish_layer(self, i: int, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                      mask: torch.Tensor | None, causal: bool, want: set, captured: dict) -> torch.Tensor:
@@ -255,14 +242,10 @@ class LeanLlama:
         the hidden states at the wanted sites. x [B, T, d]; q [B, H, T, hd]; keys/values [B, KV, S, hd]."""
         _, _, o_proj, n2, gate_up, down = self.layers[i]
         B, _, T, hd = q.shape
-        if self.row_attention and T <= ROW_ATTENTION_MAX and not (mask is None and causal):
-            att = self._attend_rows(q, keys, values, mask)
-        elif mask is None:
-            att = F.scaled_dot_product_attention(q, keys, values, is_causal=causal, scale=self.scale,
-                                                 enable_gqa=self.groups > 1)
-        else:
-            att = F.scaled_dot_product_attention(q, self._repeat(keys), self._repeat(values),
-                                                 attn_mask=mask, scale=self.scale)
+        # SDPA reads each KV head for its query group itself (no K/V copies): on CPU the cheapest attention for
+        # one query row and for verify-sized ones alike (a few-row matmul version measured 3-10x slower)
+        att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal and mask is None,
+                                             scale=self.scale, enable_gqa=self.groups > 1)
         x = x + o_proj(att.transpose(1, 2).reshape(B, T, self.heads * hd))
         if (i, "attn") in want:
             captured[(i, "attn")] = x
@@ -284,7 +267,7 @@ class LeanLlama:
         cache.reserve(end)
         if position_ids is None:
             position_ids = torch.arange(start, end, device=ids.device)[None]
-        cos, sin = self._rotary(position_ids)
+        cos, sin = self._rotary(position_ids, cache.capacity)
         want = {(int(a), str(b)) for a, b in sites}
         captured: dict[Site, torch.Tensor] = {}
         if mask is None and T > 1 and start > 0:      # causal over the cached prefix, as transformers builds it
