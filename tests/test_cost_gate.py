@@ -185,6 +185,24 @@ def test_auto_dtype_reads_the_calibrated_choice(tmp_path, monkeypatch):
         assert resolve_dtype("auto", "cpu") == want
 
 
+def test_auto_format_int4_only_for_4bit_models(tmp_path, monkeypatch):
+    """Uncalibrated, a model from a 4-bit GGUF decodes in int4 on CPU and a dense one never does; calibrated,
+    the measured choice wins (its dense fallback for dense models)."""
+    import json
+
+    from switchsd.target.int4 import available
+    from switchsd.target.models import DTYPES, auto_format, dtype_choice_path
+    monkeypatch.setenv("SWITCHSD_CACHE", str(tmp_path))
+    assert auto_format("cpu", int4_ok=True) == ("int4" if available() else auto_format("cpu"))
+    assert auto_format("cpu") in DTYPES and auto_format("cuda", int4_ok=True) == "bfloat16"
+    p = dtype_choice_path("cpu")
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps({"fastest": "int4-mixed", "fastest_dense": "float32"}))
+    assert auto_format("cpu", int4_ok=True) == "int4-mixed" and auto_format("cpu") == "float32"
+    p.write_text(json.dumps({"fastest": "bfloat16"}))
+    assert auto_format("cpu", int4_ok=True) == "bfloat16"
+
+
 def test_break_even_of_drafting_shapes():
     """A draft pays when its expected accepted tokens exceed (cost of its rows) / (cost of one row) - 1."""
     from switchsd.target.calibrate import shapes_that_pay

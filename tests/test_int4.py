@@ -42,11 +42,13 @@ def test_gguf_blocks_into_the_kernel_are_the_gguf_weights_bit_for_bit(kind):
     assert torch.allclose(lin(x.float()).double(), x @ ref.double().t(), atol=1e-4)
     wide = Int4Linear(codes, scale, zero, torch.float32, wide_rows=2)       # > 2 rows: dense, same weights
     assert torch.allclose(wide(x.float()), lin(x.float()), atol=1e-5) and wide._dense is not None
-    assert torch.equal(wide._dense, ref)
+    assert torch.equal(wide._dense.weight, ref)
     # bfloat16 activations: scales and zeros rounded to bfloat16, products within that rounding
     lb = Int4Linear(codes, scale, zero, torch.bfloat16)
     y = lb(x.bfloat16()).double()
     assert (y - x @ ref.double().t()).abs().max() < 0.05 * (x @ ref.double().t()).abs().max()
+    wb = Int4Linear(codes, scale, zero, torch.bfloat16, wide_rows=2)         # the dense fallback in bfloat16
+    assert (wb(x.bfloat16()).double() - y).abs().max() < 0.05 * y.abs().max() and wb._dense is not None
 
 
 def test_q8_blocks_as_two_int4_halves_are_the_gguf_weights():
