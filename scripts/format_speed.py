@@ -4,9 +4,13 @@ after a warm-up; mean of per-prompt Tok/s.
 
     python scripts/format_speed.py --dataset humaneval --limit 10 --max-new-tokens 128 --out runs/format-speed
 
+A format may name the forward it runs on: `bfloat16@hf` is vanilla on transformers' own forward in bfloat16 (the
+engine's forward before the lean one, the speed issue's baseline); `--base` names the row the speedup column
+divides by (default bfloat16).
+
 Also reports, per format, the one-token forward and the verify cost curve's shape (ms at 1, 4, 8, 16 rows)
 from `switchsd.target.calibrate.measure`, and each format's agreement with the float32 model's greedy tokens.
-Last line: JSON {format: {"tok_s", "x_bfloat16", "x_llama_cpp", "same_as_float32"}}.
+Last line: JSON {format: {"tok_s", "x_base", "x_llama_cpp", "same_as_float32"}}.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -38,17 +43,21 @@ def main(argv=None) -> None:
     ap.add_argument("--limit", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--base", default="bfloat16", help="the row the 'x base' column divides by")
     ap.add_argument("--out", default="runs/format-speed")
     args = ap.parse_args(argv)
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     if any(f.startswith("int4") for f in formats) and not int4.available():
         ap.error("this torch build has no CPU int4 kernel")
     cfg = EngineConfig(max_new_tokens=args.max_new_tokens)
-    lms = {f: load_model(dtype=f, device="cpu") for f in tqdm(formats, desc="loading", file=sys.stderr)}
+    spec = {f: (f.split("@")[0], f.split("@")[1] if "@" in f else "auto") for f in formats}   # format, forward
+    loaded = {d: load_model(dtype=d, device="cpu")
+              for d in tqdm(dict.fromkeys(d for d, _ in spec.values()), desc="loading", file=sys.stderr)}
+    lms = {f: loaded[d] for f, (d, _) in spec.items()}
     first = next(iter(lms.values()))
     prompts = load_prompts(args.dataset, args.data_file, args.limit)
     ids = [first.encode(p["prompt"], chat=True) for p in prompts]
-    runners = {f: build_engine("vanilla", lm, Drafters(lm), cfg) for f, lm in lms.items()}
+    runners = {f: build_engine("vanilla", lm, Drafters(lm), replace(cfg, forward=spec[f][1])) for f, lm in lms.items()}
     why = llama_cpp_missing()
     if why is None:
         runners["llama-cpp"] = LlamaCppPeer(gguf_path(None), cfg, first.eos_ids())
@@ -63,24 +72,24 @@ def main(argv=None) -> None:
             g = r.run(x)
             rates[k].append(g.stats["tok_s"])
             outs[k].append(list(g.token_ids))
-    curves = {f: measure(lm, 16, 256, 3, progress=False) for f, lm in lms.items()}
-    base, cpp = rates.get("bfloat16"), rates.get("llama-cpp")
+    curves = {f: measure(lm, 16, 256, 3, progress=False, forward=spec[f][1]) for f, lm in lms.items()}
+    base, cpp = rates.get(args.base), rates.get("llama-cpp")
     mean = {k: statistics.mean(v) for k, v in rates.items()}
     ref = outs.get("float32")
     # where a format's greedy text parts from the float32 model's: the float32 logit margin there (near-tie?)
-    f32 = lms["float32"].model if "float32" in lms else None
+    f32 = loaded["float32"].model if "float32" in loaded else None
     parted = {k: [explain(f32, x, a, b) for x, a, b in zip(ids, ref, outs[k]) if a != b] if ref and f32 is not None
               else [] for k in runners}
-    res = {k: {"tok_s": mean[k], "parted": parted[k], "x_bfloat16": mean[k] / statistics.mean(base) if base else None,
+    res = {k: {"tok_s": mean[k], "parted": parted[k], "x_base": mean[k] / statistics.mean(base) if base else None,
                "x_llama_cpp": mean[k] / statistics.mean(cpp) if cpp else None,
                "same_as_float32": sum(a == b for a, b in zip(outs[k], ref)) if ref else None,
                "curve_ms": {n: curves[k][n] for n in (1, 4, 8, 16) if k in curves and n in curves[k]}}
            for k in runners}
-    lines = ["| format | Tok/s (mean) | x bfloat16 | x llama.cpp | same tokens as float32 | float32 margins where "
+    lines = [f"| format | Tok/s (mean) | x {args.base} | x llama.cpp | same tokens as float32 | float32 margins where "
              "it parts | verify ms at 1 / 4 / 8 / 16 rows |", "|---|---|---|---|---|---|---|"]
     for k, s in res.items():
         c = s["curve_ms"]
-        lines.append(f"| {k} | {s['tok_s']:.1f} | " + (f"{s['x_bfloat16']:.2f}x" if s["x_bfloat16"] else "-") + " | "
+        lines.append(f"| {k} | {s['tok_s']:.1f} | " + (f"{s['x_base']:.2f}x" if s["x_base"] else "-") + " | "
                      + (f"{s['x_llama_cpp']:.2f}x" if s["x_llama_cpp"] else "-") + " | "
                      + (f"{s['same_as_float32']}/{len(ids)}" if s["same_as_float32"] is not None else "-") + " | "
                      + (", ".join(f"{abs(p['fp32_margin']):.3f}" if p.get("kind") == "token" else "length"
@@ -92,7 +101,7 @@ def main(argv=None) -> None:
                                   f"greedy, torch threads {torch.get_num_threads()}\n\n" + "\n".join(lines) + "\n")
     (out / "results.json").write_text(json.dumps({"args": vars(args), "formats": res}, indent=1))
     print("\n".join(lines))
-    print(json.dumps({k: {x: s[x] for x in ("tok_s", "x_bfloat16", "x_llama_cpp", "same_as_float32")}
+    print(json.dumps({k: {x: s[x] for x in ("tok_s", "x_base", "x_llama_cpp", "same_as_float32")}
                       for k, s in res.items()}))
 
 
