@@ -1,6 +1,7 @@
 """The lean forward computes transformers' numbers: bit-for-bit equal logits and hidden states for prefills,
-one-token steps, causal chains and tree-masked verify forwards (tiny float64 Llama, and the real model in
-float32 and bfloat16), the same greedy tokens for every method, and a cache that grows and rolls back."""
+one-token steps, masked causal chains and tree-masked verify forwards (tiny float64 Llama, and the real model in
+float32 and bfloat16), the same greedy tokens for every method, and a cache that grows and rolls back. A maskless
+chain (the engine's verify chains) equals one-token steps bit for bit instead (bfloat16, int4)."""
 from __future__ import annotations
 
 import pytest
@@ -42,8 +43,10 @@ def _check_model(model, prompt, vocab):
     for _ in range(4):                                                                       # one-token steps
         last = _same_step(hf, lean, ch, cl, torch.tensor([[tok]], device=dev))
         tok = int(last[-1].argmax())
-    chain = [tok, 3, 4, 5]                                                                   # a causal chain
-    _same_step(hf, lean, ch, cl, torch.tensor([chain], device=dev))
+    chain = [tok, 3, 4, 5]                                            # a causal chain, masked as transformers does
+    link = build_tree(tok, [[3, 4, 5]], budget=16)
+    _same_step(hf, lean, ch, cl, torch.tensor([chain], device=dev), tree_positions(link, len(ch), dev),
+               tree_mask(link, len(ch), next(model.parameters()).dtype, dev))
     ch.crop(len(ch) - 3), cl.crop(len(cl) - 3)
     tree = build_tree(chain[1], [[5, 6, 7], [5, 8], [9 % vocab]], budget=16)              # a masked tree
     prefix = len(ch)
@@ -70,6 +73,36 @@ def test_lean_equals_transformers_real(real_lm, dtype):
     prompt = lm.encode("Write a Python function that reverses a linked list, then explain it.", chat=True)
     assert len(prompt) > LeanLlama.of(lm.model).exact_rows
     _check_model(lm.model, prompt, lm.model.config.vocab_size)
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("fmt", ["bfloat16", "int4"])
+@torch.inference_mode()
+def test_verify_chain_equals_one_token_steps_bit_for_bit(fmt):
+    """A maskless chain (how the engine verifies chains) attends row by row, so each row's logits and hidden
+    states are the one-token step's at that position bit for bit, in bfloat16 and int4 too (one masked call over
+    every row rounds some rows differently: the reduction over keys depends on their count)."""
+    from switchsd.target.int4 import available
+    from switchsd.target.models import load_model
+    if fmt == "int4" and not available():
+        pytest.skip("no CPU int4 kernel in this torch build")
+    lean = LeanTarget(load_model(dtype=fmt, device="cpu").model, [(4, "attn"), (20, "mlp")])
+    ids = torch.randint(0, 49152, (1, 90), generator=torch.Generator().manual_seed(1))
+    outs = []
+    for chained in (False, True):
+        cache = lean.new_cache(8)
+        lean.forward(ids[:, :80], cache, logit_rows=-1)
+        if chained:
+            logits = lean.forward(ids[:, 80:], cache)
+            hidden = dict(lean.last)
+        else:
+            steps = [(lean.forward(ids[:, j:j + 1], cache), dict(lean.last)) for j in range(80, 90)]
+            logits = torch.cat([lg for lg, _ in steps])
+            hidden = {k: torch.cat([h[k] for _, h in steps], 1) for k in steps[0][1]}
+        outs.append((logits, hidden))
+    (a, ha), (b, hb) = outs
+    assert torch.equal(a, b), (a.float() - b.float()).abs().max()
+    assert all(torch.equal(ha[k], hb[k]) for k in ha)
 
 
 @pytest.mark.parametrize("method", STANDALONE_METHODS)

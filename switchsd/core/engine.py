@@ -203,9 +203,9 @@ class Engine:
         prefix, n1 = len(cache), len(tree.tokens)
         pad = self.cost.pad_to(n1, max(n1, self.cfg.budget)) - n1 if self.cost is not None else 0
         ids = torch.tensor(tree.tokens + [tree.tokens[0]] * pad, device=self.device)[None]    # [1, n+1+pad]
-        if tree.is_chain and not pad and extra is None:
-            mask = None
-            pos = torch.arange(prefix, prefix + n1, device=self.device)[None]
+        if tree.is_chain and extra is None:      # a chain (pad rows, if any, extend it causally and are dropped)
+            mask = None                          # the lean forward then attends row by row, as one-token steps do
+            pos = torch.arange(prefix, prefix + n1 + pad, device=self.device)[None]
         else:
             mask = tree_mask(tree, prefix, self.model.dtype, self.device, pad)      # [1, 1, m, prefix+m]
             pos = tree_positions(tree, prefix, self.device, pad)                     # [1, m]

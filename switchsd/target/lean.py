@@ -27,6 +27,7 @@ from .int4 import Int4Linear
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 MAX_FAST_ROWS = 32       # verify forwards are at most this wide; longer inputs are prefills
+ROW_EXACT_MAX = 32       # causal chains of up to this many rows on a cached prefix: attention row by row (`forward`)
 Site = tuple[int, str]
 
 
@@ -237,15 +238,28 @@ class LeanLlama:
         return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin_signed
 
     def finish_layer(self, i: int, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                     mask: torch.Tensor | None, causal: bool, want: set, captured: dict) -> torch.Tensor:
-        """Layer i after q/k/v: attention (additive `mask`, else causal when `causal`), o_proj, the MLP; records
+                     mask: torch.Tensor | None, causal: bool, want: set, captured: dict,
+                     chain_start: int | None = None) -> torch.Tensor:
+        """Layer i after q/k/v: attention (additive `mask`, else causal when `causal`; with `chain_start`, row j of
+        a causal chain as its own one-row call over the first chain_start + j + 1 keys), o_proj, the MLP; records
         the hidden states at the wanted sites. x [B, T, d]; q [B, H, T, hd]; keys/values [B, KV, S, hd]."""
-        _, _, o_proj, n2, gate_up, down = self.layers[i]
-        B, _, T, hd = q.shape
+        if chain_start is not None:
+            # exactly the call a one-token step makes at that position (same shapes, same key views): SDPA's
+            # reductions depend on the key count, so one masked call over every row can round a row differently
+            att = torch.cat([F.scaled_dot_product_attention(q[:, :, j:j + 1], keys[:, :, :chain_start + j + 1],
+                                                            values[:, :, :chain_start + j + 1], scale=self.scale,
+                                                            enable_gqa=self.groups > 1) for j in range(q.shape[2])], dim=2)
+            return self._after_attention(i, x, att, want, captured)
         # SDPA reads each KV head for its query group itself (no K/V copies): on CPU the cheapest attention for
         # one query row and for verify-sized ones alike (a few-row matmul version measured 3-10x slower)
         att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal and mask is None,
                                              scale=self.scale, enable_gqa=self.groups > 1)
+        return self._after_attention(i, x, att, want, captured)
+
+    def _after_attention(self, i: int, x: torch.Tensor, att: torch.Tensor, want: set, captured: dict) -> torch.Tensor:
+        """o_proj, the residual, the MLP. att [B, H, T, hd]."""
+        _, _, o_proj, n2, gate_up, down = self.layers[i]
+        B, _, T, hd = att.shape
         x = x + o_proj(att.transpose(1, 2).reshape(B, T, self.heads * hd))
         if (i, "attn") in want:
             captured[(i, "attn")] = x
@@ -270,7 +284,8 @@ class LeanLlama:
         cos, sin = self._rotary(position_ids, cache.capacity)
         want = {(int(a), str(b)) for a, b in sites}
         captured: dict[Site, torch.Tensor] = {}
-        if mask is None and T > 1 and start > 0:      # causal over the cached prefix, as transformers builds it
+        chain = start if mask is None and 1 < T <= ROW_EXACT_MAX and start > 0 else None   # a verify chain
+        if mask is None and T > 1 and start > 0 and chain is None:   # causal over the cached prefix (transformers')
             mask = torch.ones(T, end, dtype=torch.bool, device=ids.device).tril(start)[None, None]
         x = F.embedding(ids, self.embed)                                           # [1, T, d]
         H, KV, hd = self.heads, self.kv_heads, self.head_dim
@@ -281,7 +296,7 @@ class LeanLlama:
             cache.k[i, :, :, start:end] = qk[:, :, H:].transpose(1, 2)              # [1, KV, T, hd]
             cache.v[i, :, :, start:end] = heads[:, :, H + KV:].transpose(1, 2)
             keys, values = cache.k[i, :, :, :end], cache.v[i, :, :, :end]         # [1, KV, end, hd]
-            x = self.finish_layer(i, x, q, keys, values, mask, T > 1, want, captured)
+            x = self.finish_layer(i, x, q, keys, values, mask, T > 1, want, captured, chain)
         cache.length = end
         x = x[0, -1:] if logit_rows == -1 else x[0, :logit_rows]
         return self.head(self._rms(x, self.norm)), captured                        # [R, V]
