@@ -52,7 +52,8 @@ def summarize_mismatches(items: list[dict] | None) -> str:
     lines = [f"{len(items)} output(s) differ from vanilla; at the first differing token the float32 logits of "
              f"vanilla's and the method's token differ by " +
              (f"{gaps[0]:.3f} to {gaps[-1]:.3f} (median {gaps[len(gaps) // 2]:.3f})" if gaps else "n/a") +
-             " logits (near-ties broken by bfloat16 rounding in batched vs one-row forwards)."]
+             " logits (near-ties: rounded differently by the 16-bit / 4-bit arithmetic of multi-row verify forwards,"
+             " or by another implementation's arithmetic for the peers llama-cpp / hf*)."]
     for x in items:
         if x.get("kind") == "token":
             lines.append(f"- {x['method']} / {x['id']}: token {x['position']}, margin {x['fp32_margin']:+.3f}, "
