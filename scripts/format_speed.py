@@ -1,6 +1,6 @@
-"""Vanilla greedy decoding of the offline model in every format, side by side in one process, with llama.cpp on
-the same GGUF file when llama-cpp-python is installed: same chat-templated prompts, interleaved prompt by prompt,
-after a warm-up; mean of per-prompt Tok/s.
+"""Vanilla greedy decoding of the offline model in every format (with --methods, other methods in every format
+too), side by side in one process, with llama.cpp on the same GGUF file when llama-cpp-python is installed: same
+chat-templated prompts, interleaved prompt by prompt, after a warm-up; mean of per-prompt Tok/s.
 
     python scripts/format_speed.py --dataset humaneval --limit 10 --max-new-tokens 128 --out runs/format-speed
 
@@ -43,6 +43,8 @@ def main(argv=None) -> None:
     ap.add_argument("--limit", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--methods", default="vanilla",
+                    help="engine methods to run in every format (rows: 'format', or 'format method' beyond vanilla)")
     ap.add_argument("--base", default="bfloat16", help="the row the 'x base' column divides by")
     ap.add_argument("--out", default="runs/format-speed")
     args = ap.parse_args(argv)
@@ -57,7 +59,14 @@ def main(argv=None) -> None:
     first = next(iter(lms.values()))
     prompts = load_prompts(args.dataset, args.data_file, args.limit)
     ids = [first.encode(p["prompt"], chat=True) for p in prompts]
-    runners = {f: build_engine("vanilla", lm, Drafters(lm), replace(cfg, forward=spec[f][1])) for f, lm in lms.items()}
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    runners, fmt_of = {}, {}
+    for f, lm in lms.items():
+        drafters = Drafters(lm)
+        for m in methods:
+            key = f if m == "vanilla" else f"{f} {m}"
+            runners[key] = build_engine(m, lm, drafters, replace(cfg, forward=spec[f][1]))
+            fmt_of[key] = f
     why = llama_cpp_missing()
     if why is None:
         runners["llama-cpp"] = LlamaCppPeer(gguf_path(None), cfg, first.eos_ids())
@@ -73,6 +82,7 @@ def main(argv=None) -> None:
             rates[k].append(g.stats["tok_s"])
             outs[k].append(list(g.token_ids))
     curves = {f: measure(lm, 16, 256, 3, progress=False, forward=spec[f][1]) for f, lm in lms.items()}
+    curves.update({k: curves[f] for k, f in fmt_of.items()})
     base, cpp = rates.get(args.base), rates.get("llama-cpp")
     mean = {k: statistics.mean(v) for k, v in rates.items()}
     ref = outs.get("float32")

@@ -127,6 +127,25 @@ def test_real_model_int4_is_the_gguf_and_decodes_like_its_own_vanilla(real_lm):
         assert build_engine(method, lm, drafters, cfg).run(ids).token_ids == ref, method
 
 
+@pytest.mark.real
+def test_real_model_int4_chain_methods_equal_int4_vanilla():
+    """The default format (bfloat16 activations): methods that verify chains (copy, PLD) give int4 vanilla's
+    tokens exactly, their chains verified row by row as vanilla's steps compute them (tests/test_lean.py)."""
+    from switchsd.core.config import EngineConfig
+    from switchsd.factory import Drafters, build_engine
+    from switchsd.target.models import load_model
+    lm = load_model(dtype="int4", device="cpu")
+    cfg = EngineConfig(max_new_tokens=48)
+    drafters = Drafters(lm)
+    ids = lm.encode("Repeat this list exactly, twice: alpha, beta, gamma, delta, epsilon, zeta, eta, theta.",
+                    chat=True)
+    ref = build_engine("vanilla", lm, drafters, cfg).run(ids).token_ids
+    for method in ("pld", "copy"):
+        res = build_engine(method, lm, drafters, cfg).run(ids)
+        assert res.token_ids == ref, method
+        assert res.stats["tok_per_fwd"] > 1.1, method                  # the chains were drafted and accepted
+
+
 def test_studio_offers_int4_only_for_gguf_models_on_cpu():
     from app.resources import Resources, UserError
     assert Resources(device="cpu").int4_available()

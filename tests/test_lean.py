@@ -35,6 +35,17 @@ def _same_step(hf, lean, ch, cl, ids, pos=None, mask=None, rows=None):
 
 @torch.inference_mode()
 def _check_model(model, prompt, vocab):
+    """transformers' numbers from the lean forward's single-call attention (its row-by-row verify attention,
+    `RowKeys`, computes vanilla's one-token steps instead: tested below)."""
+    lean_fw = LeanLlama.of(model)
+    exact, lean_fw.row_exact = lean_fw.row_exact, False
+    try:
+        _check_steps(model, prompt, vocab)
+    finally:
+        lean_fw.row_exact = exact
+
+
+def _check_steps(model, prompt, vocab):
     hf, lean = _both(model)
     ch, cl = hf.new_cache(4), lean.new_cache(4)       # the lean cache starts too small: it must grow
     dev = next(model.parameters()).device
@@ -73,6 +84,37 @@ def test_lean_equals_transformers_real(real_lm, dtype):
     prompt = lm.encode("Write a Python function that reverses a linked list, then explain it.", chat=True)
     assert len(prompt) > LeanLlama.of(lm.model).exact_rows
     _check_model(lm.model, prompt, lm.model.config.vocab_size)
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("fmt", ["bfloat16", "int4"])
+@torch.inference_mode()
+def test_verify_tree_rows_equal_one_token_steps_bit_for_bit(fmt):
+    """A tree-masked verify forward (two branches, pad rows) attends row by row over each row's own keys: every
+    real row's logits are those of one-token steps along its branch, bit for bit."""
+    from switchsd.target.int4 import available
+    from switchsd.target.models import load_model
+    if fmt == "int4" and not available():
+        pytest.skip("no CPU int4 kernel in this torch build")
+    lean = LeanTarget(load_model(dtype=fmt, device="cpu").model)
+    ids = torch.randint(0, 49152, (1, 80), generator=torch.Generator().manual_seed(2))
+    tree = build_tree(int(ids[0, -1]), [[11, 12, 13], [11, 14], [15]], budget=16)
+
+    def cache():
+        c = lean.new_cache(8)
+        lean.forward(ids[:, :-1], c, logit_rows=-1)
+        return c
+
+    c = cache()
+    n = len(c)
+    got = lean.forward(torch.tensor([tree.tokens + [tree.tokens[0]] * 2]), c, tree_positions(tree, n, "cpu", 2),
+                       tree_mask(tree, n, lean.lean.dtype, "cpu", 2), logit_rows=len(tree.tokens))
+    for r in range(len(tree.tokens)):
+        path = [0] + tree.path_to(r) if r else [0]
+        c = cache()
+        for row in path:
+            want = lean.forward(torch.tensor([[tree.tokens[row]]]), c)
+        assert torch.equal(got[r], want[0]), (r, (got[r].float() - want[0].float()).abs().max())
 
 
 @pytest.mark.real

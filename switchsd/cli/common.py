@@ -22,10 +22,11 @@ from ..target.forward import FORWARDS
 
 _C, _N, _T, _G, _E, _S = CopyConfig(), NeuralConfig(), TreeConfig(), GateConfig(), EngineConfig(), SamplingConfig()
 _M = SMCConfig()
-LOSSLESS_NOTE = ("note: {dtype} — every method verifies against the target as computed in {dtype}; where two "
-                 "tokens are nearly tied, a k-row verify forward and vanilla's one-row forward can round them "
-                 "differently, so texts may part from vanilla's at such a near-tie. --dtype float32 gives "
-                 "token-for-token identity with vanilla greedy decoding.")
+LOSSLESS_NOTE = ("note: {dtype} — every method verifies against the target as computed in {dtype}; chains are "
+                 "verified row by row exactly as vanilla's one-row steps compute them, but where two tokens are "
+                 "nearly tied a tree-shaped verify forward (or one over 32 rows) can round them differently, so "
+                 "texts may part from vanilla's at such a near-tie. --dtype float32 gives token-for-token identity "
+                 "with vanilla greedy decoding.")
 
 
 def add_model_args(ap: argparse.ArgumentParser) -> None:

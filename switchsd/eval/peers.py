@@ -89,7 +89,7 @@ def llama_cpp_missing() -> str | None:
     import importlib.util
     if importlib.util.find_spec("llama_cpp") is None:
         return ("llama-cpp skipped: llama-cpp-python is not installed (optional; `pip install llama-cpp-python` "
-                "builds llama.cpp from source, ~10 min on 2 cores)")
+                "builds llama.cpp from source, ~10 min on 2 cores; scripts/install_llama_cpp.sh)")
     return None
 
 

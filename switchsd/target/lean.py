@@ -27,7 +27,8 @@ from .int4 import Int4Linear
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 MAX_FAST_ROWS = 32       # verify forwards are at most this wide; longer inputs are prefills
-ROW_EXACT_MAX = 32       # causal chains of up to this many rows on a cached prefix: attention row by row (`forward`)
+ROW_EXACT_MAX = 32       # causal chains of up to this many rows on a cached prefix: attention row by row (CPU)
+TREE_EXACT_MAX = 16      # masked forwards (trees) of up to this many rows: each row over its own keys (CPU)
 Site = tuple[int, str]
 
 
@@ -160,6 +161,49 @@ class _Linear:
         return self.fast(x) if x.shape[-2] <= self.exact_rows else self.exact(x)
 
 
+class RowKeys:
+    """Verify rows attended one by one, each through the very SDPA call a one-token step makes at its position:
+    its query over the cached prefix plus the keys of the rows it sees, in order. SDPA's reductions depend on
+    how many keys a call sees, so one masked call over every row can round a row differently from vanilla's
+    step there (a near-tie then parts the texts); row by row, a verify forward is vanilla's arithmetic bit for
+    bit. A chain row's keys are a view of the cache; a tree row that sees non-adjacent rows gets a gathered copy.
+    Rows past `exact` (pad rows, whose outputs are dropped) share one masked call."""
+
+    def __init__(self, start: int, seen: list[list[int]], exact: int):
+        self.start, self.seen, self.exact = start, seen, exact
+
+    @classmethod
+    def plan(cls, start: int, T: int, mask: torch.Tensor | None, logit_rows: int | None) -> "RowKeys | None":
+        """None when the forward should keep one call: too wide, or a mask whose rows do not all see the
+        whole cached prefix (then the rows are not one-token steps of any sequence)."""
+        if mask is None:
+            return cls(start, [list(range(j + 1)) for j in range(T)], T) if T <= ROW_EXACT_MAX else None
+        exact = T if logit_rows is None or logit_rows < 0 else min(T, logit_rows)
+        if exact > TREE_EXACT_MAX:
+            return None
+        vis = mask[0, 0] == 0 if mask.dtype != torch.bool else mask[0, 0]        # [T, start + T]
+        if not bool(vis[:exact, :start].all()):
+            return None
+        return cls(start, [torch.nonzero(vis[j, start:]).flatten().tolist() for j in range(exact)], exact)
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+               scale: float, gqa: bool) -> torch.Tensor:
+        """q [B, H, T, hd]; keys/values [B, KV, start + T, hd] -> [B, H, T, hd]."""
+        out, P = [], self.start
+        for j, seen in enumerate(self.seen):
+            if seen == list(range(len(seen))):                        # a chain so far: a view, as vanilla's
+                k, v = keys[:, :, :P + len(seen)], values[:, :, :P + len(seen)]
+            else:
+                idx = torch.tensor(seen, device=keys.device) + P
+                k = torch.cat([keys[:, :, :P], keys.index_select(2, idx)], dim=2)
+                v = torch.cat([values[:, :, :P], values.index_select(2, idx)], dim=2)
+            out.append(F.scaled_dot_product_attention(q[:, :, j:j + 1], k, v, scale=scale, enable_gqa=gqa))
+        if self.exact < q.shape[2]:                                   # pad rows: one call, outputs unused
+            out.append(F.scaled_dot_product_attention(q[:, :, self.exact:], keys, values,
+                                                      attn_mask=mask[:, :, self.exact:], scale=scale, enable_gqa=gqa))
+        return torch.cat(out, dim=2)
+
+
 class LeanLlama:
     """The target's forward, driven lean. Shares the model's weights (fused copies of q/k/v and gate/up)."""
 
@@ -197,6 +241,9 @@ class LeanLlama:
         self.inv_freq = inner.rotary_emb.inv_freq.float()                          # [hd/2]
         self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
         self._cos = self._sin = None                                               # `_rotary`'s tables
+        # verify forwards attend row by row (`RowKeys`) on CPU: exact, ~20 us a row and layer; on GPUs that would be
+        # one kernel launch per row and layer, unmeasured there, so they keep one call
+        self.row_exact = self.device.type == "cpu"
         self.groups = self.heads // self.kv_heads
         self.scale = self.head_dim ** -0.5
 
@@ -239,16 +286,12 @@ class LeanLlama:
 
     def finish_layer(self, i: int, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                      mask: torch.Tensor | None, causal: bool, want: set, captured: dict,
-                     chain_start: int | None = None) -> torch.Tensor:
-        """Layer i after q/k/v: attention (additive `mask`, else causal when `causal`; with `chain_start`, row j of
-        a causal chain as its own one-row call over the first chain_start + j + 1 keys), o_proj, the MLP; records
-        the hidden states at the wanted sites. x [B, T, d]; q [B, H, T, hd]; keys/values [B, KV, S, hd]."""
-        if chain_start is not None:
-            # exactly the call a one-token step makes at that position (same shapes, same key views): SDPA's
-            # reductions depend on the key count, so one masked call over every row can round a row differently
-            att = torch.cat([F.scaled_dot_product_attention(q[:, :, j:j + 1], keys[:, :, :chain_start + j + 1],
-                                                            values[:, :, :chain_start + j + 1], scale=self.scale,
-                                                            enable_gqa=self.groups > 1) for j in range(q.shape[2])], dim=2)
+                     rows: "RowKeys | None" = None) -> torch.Tensor:
+        """Layer i after q/k/v: attention (additive `mask`, else causal when `causal`; with `rows`, each exact row
+        as its own one-row call over its own keys), o_proj, the MLP; records the hidden states at the wanted
+        sites. x [B, T, d]; q [B, H, T, hd]; keys/values [B, KV, S, hd]."""
+        if rows is not None:
+            att = rows.attend(q, keys, values, mask, self.scale, self.groups > 1)
             return self._after_attention(i, x, att, want, captured)
         # SDPA reads each KV head for its query group itself (no K/V copies): on CPU the cheapest attention for
         # one query row and for verify-sized ones alike (a few-row matmul version measured 3-10x slower)
@@ -284,8 +327,9 @@ class LeanLlama:
         cos, sin = self._rotary(position_ids, cache.capacity)
         want = {(int(a), str(b)) for a, b in sites}
         captured: dict[Site, torch.Tensor] = {}
-        chain = start if mask is None and 1 < T <= ROW_EXACT_MAX and start > 0 else None   # a verify chain
-        if mask is None and T > 1 and start > 0 and chain is None:   # causal over the cached prefix (transformers')
+        rows = RowKeys.plan(start, T, mask, logit_rows) if self.row_exact and start > 0 and T > 1 else None
+        chain = rows is not None and mask is None
+        if mask is None and T > 1 and start > 0 and not chain:       # causal over the cached prefix (transformers')
             mask = torch.ones(T, end, dtype=torch.bool, device=ids.device).tril(start)[None, None]
         x = F.embedding(ids, self.embed)                                           # [1, T, d]
         H, KV, hd = self.heads, self.kv_heads, self.head_dim
@@ -296,7 +340,7 @@ class LeanLlama:
             cache.k[i, :, :, start:end] = qk[:, :, H:].transpose(1, 2)              # [1, KV, T, hd]
             cache.v[i, :, :, start:end] = heads[:, :, H + KV:].transpose(1, 2)
             keys, values = cache.k[i, :, :, :end], cache.v[i, :, :, :end]         # [1, KV, end, hd]
-            x = self.finish_layer(i, x, q, keys, values, mask, T > 1, want, captured, chain)
+            x = self.finish_layer(i, x, q, keys, values, mask, T > 1, want, captured, rows)
         cache.length = end
         x = x[0, -1:] if logit_rows == -1 else x[0, :logit_rows]
         return self.head(self._rms(x, self.norm)), captured                        # [R, V]
