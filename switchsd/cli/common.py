@@ -22,9 +22,9 @@ from ..target.forward import FORWARDS
 
 _C, _N, _T, _G, _E, _S = CopyConfig(), NeuralConfig(), TreeConfig(), GateConfig(), EngineConfig(), SamplingConfig()
 _M = SMCConfig()
-LOSSLESS_NOTE = ("note: {dtype} — every method verifies against the target as computed in {dtype}; chains are "
-                 "verified row by row exactly as vanilla's one-row steps compute them, but where two tokens are "
-                 "nearly tied a tree-shaped verify forward (or one over 32 rows) can round them differently, so "
+LOSSLESS_NOTE = ("note: {dtype} — every method verifies against the target as computed in {dtype}; on CPU each "
+                 "row of a verify forward is computed as vanilla's one-row step would (trees up to 16 rows, chains "
+                 "up to 32), but in wider forwards, or on a GPU, two nearly tied tokens can round differently, so "
                  "texts may part from vanilla's at such a near-tie. --dtype float32 gives token-for-token identity "
                  "with vanilla greedy decoding.")
 

@@ -176,9 +176,9 @@ class RowKeys:
     def plan(cls, start: int, T: int, mask: torch.Tensor | None, logit_rows: int | None) -> "RowKeys | None":
         """None when the forward should keep one call: too wide, or a mask whose rows do not all see the
         whole cached prefix (then the rows are not one-token steps of any sequence)."""
-        if mask is None:
-            return cls(start, [list(range(j + 1)) for j in range(T)], T) if T <= ROW_EXACT_MAX else None
         exact = T if logit_rows is None or logit_rows < 0 else min(T, logit_rows)
+        if mask is None:
+            return cls(start, [list(range(j + 1)) for j in range(exact)], exact) if exact <= ROW_EXACT_MAX else None
         if exact > TREE_EXACT_MAX:
             return None
         vis = mask[0, 0] == 0 if mask.dtype != torch.bool else mask[0, 0]        # [T, start + T]
@@ -198,9 +198,9 @@ class RowKeys:
                 k = torch.cat([keys[:, :, :P], keys.index_select(2, idx)], dim=2)
                 v = torch.cat([values[:, :, :P], values.index_select(2, idx)], dim=2)
             out.append(F.scaled_dot_product_attention(q[:, :, j:j + 1], k, v, scale=scale, enable_gqa=gqa))
-        if self.exact < q.shape[2]:                                   # pad rows: one call, outputs unused
-            out.append(F.scaled_dot_product_attention(q[:, :, self.exact:], keys, values,
-                                                      attn_mask=mask[:, :, self.exact:], scale=scale, enable_gqa=gqa))
+        if self.exact < q.shape[2]:                    # pad rows: one call (their outputs and cache rows are dropped)
+            out.append(F.scaled_dot_product_attention(q[:, :, self.exact:], keys, values, scale=scale, enable_gqa=gqa,
+                                                      attn_mask=None if mask is None else mask[:, :, self.exact:]))
         return torch.cat(out, dim=2)
 
 
