@@ -170,7 +170,10 @@ class RowKeys:
     Rows past `exact` (pad rows, whose outputs are dropped) share one masked call."""
 
     def __init__(self, start: int, seen: list[list[int]], exact: int):
-        self.start, self.seen, self.exact = start, seen, exact
+        self.start, self.exact = start, exact
+        # per row, once per forward (not per layer): None where the row sees rows 0..j (its keys are a view of
+        # the cache, the first start + len(seen) positions), else the cache positions of the rows it sees
+        self.keys = [(len(r), None if r == list(range(len(r))) else torch.tensor(r) + start) for r in seen]
 
     @classmethod
     def plan(cls, start: int, T: int, mask: torch.Tensor | None, logit_rows: int | None) -> "RowKeys | None":
@@ -190,11 +193,11 @@ class RowKeys:
                scale: float, gqa: bool) -> torch.Tensor:
         """q [B, H, T, hd]; keys/values [B, KV, start + T, hd] -> [B, H, T, hd]."""
         out, P = [], self.start
-        for j, seen in enumerate(self.seen):
-            if seen == list(range(len(seen))):                        # a chain so far: a view, as vanilla's
-                k, v = keys[:, :, :P + len(seen)], values[:, :, :P + len(seen)]
+        for j, (n, idx) in enumerate(self.keys):
+            if idx is None:                                           # a chain so far: a view, as vanilla's
+                k, v = keys[:, :, :P + n], values[:, :, :P + n]
             else:
-                idx = torch.tensor(seen, device=keys.device) + P
+                idx = idx.to(keys.device)
                 k = torch.cat([keys[:, :, :P], keys.index_select(2, idx)], dim=2)
                 v = torch.cat([values[:, :, :P], values.index_select(2, idx)], dim=2)
             out.append(F.scaled_dot_product_attention(q[:, :, j:j + 1], k, v, scale=scale, enable_gqa=gqa))
