@@ -147,6 +147,8 @@ class Int4Linear(torch.nn.Module):
         return w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:                          # [..., K] -> [..., N]
+        if x.dim() == 2 and x.shape[0] <= self.wide_rows:        # the lean forward's [T, K]: straight to the kernel
+            return _INT4_MM(x.contiguous(), self.packed, GROUP, self.sz)
         rows = x.numel() // self.in_features
         if rows > self.wide_rows:
             if self._dense is None:
