@@ -147,6 +147,47 @@ def test_verify_chain_equals_one_token_steps_bit_for_bit(fmt):
     assert all(torch.equal(ha[k], hb[k]) for k in ha)
 
 
+@torch.inference_mode()
+def _steps_both_ways(lean_fw: LeanLlama, prompt: torch.Tensor, n: int, sites) -> list[torch.Tensor]:
+    outs = []
+    for scripted in (lean_fw.step, None):
+        step, lean_fw.step = lean_fw.step, scripted
+        try:
+            cache = lean_fw.new_cache(8)
+            lg, _ = lean_fw.forward(prompt, cache, logit_rows=-1)
+            got = []
+            for k in range(n):                                   # captures on some steps only (EAGLE-3, probe)
+                lg, cap = lean_fw.forward(lg[-1:].argmax(-1)[None], cache, sites=sites if k % 2 else ())
+                got += [lg] + [cap[s] for s in sorted(cap)]
+            outs.append(got)
+        finally:
+            lean_fw.step = step
+    return outs
+
+
+@pytest.mark.parametrize("fmt", ["tiny", pytest.param("int4", marks=pytest.mark.real)])
+def test_scripted_step_is_the_python_loop_bit_for_bit(tiny_model, fmt):
+    """One-token steps run their layer loop in TorchScript (switchsd/target/scripted.py): the same ops as the
+    Python loop, so logits and captured hidden states are equal bit for bit (float64 tiny model; the real model
+    in int4; float32 and bfloat16 are covered against transformers above)."""
+    if fmt == "int4":
+        from switchsd.target.int4 import available
+        from switchsd.target.models import load_model
+        if not available():
+            pytest.skip("no CPU int4 kernel in this torch build")
+        model = load_model(dtype="int4", device="cpu").model
+    else:
+        model = tiny_model
+    lean_fw = LeanLlama.of(model)
+    assert lean_fw.step is not None, "the scripted step should be available on CPU"
+    prompt = torch.tensor([random_prompt(5, 20, model.config.vocab_size)])
+    sites = [(0, "attn"), (1, "mlp"), (model.config.num_hidden_layers - 1, "mlp")]
+    a, b = _steps_both_ways(lean_fw, prompt, 12, sites)
+    assert len(a) == len(b) > 12
+    for x, y in zip(a, b):
+        assert torch.equal(x, y), (x.float() - y.float()).abs().max()
+
+
 @pytest.mark.parametrize("method", STANDALONE_METHODS)
 def test_every_method_same_tokens_on_both_forwards(tiny_model, method):
     prompt = repetitive_prompt(5)

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .int4 import Int4Linear
+from .scripted import ScriptedStep
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 MAX_FAST_ROWS = 32       # verify forwards are at most this wide; longer inputs are prefills
@@ -249,6 +250,10 @@ class LeanLlama:
         self.row_exact = self.device.type == "cpu"
         self.groups = self.heads // self.kv_heads
         self.scale = self.head_dim ** -0.5
+        # steps on CPU (up to the fast products' width) run their layer loop in TorchScript (the same ops, bit for
+        # bit: scripted.py)
+        self.step = ScriptedStep.make(self)
+        self._flags: dict[frozenset, list[bool]] = {}
 
     @classmethod
     def of(cls, model) -> "LeanLlama":
@@ -339,6 +344,30 @@ class LeanLlama:
         # one sequence: the residual stream as [T, d] (the products take it as is: no reshapes around ~120 calls)
         x = F.embedding(ids[0], self.embed)                                        # [T, d]
         cos, sin = cos[0], sin[0]                                                  # [T, 1, hd]
+        if self.step is not None and T <= self.step.most_rows:      # decode and verify steps (not long prefills)
+            x = self._scripted(x, cache, start, cos, sin, want, captured, mask, rows)
+        else:
+            x = self._layers(x, cache, start, cos, sin, mask, want, captured, rows)
+        cache.length = end
+        x = x[-1:] if logit_rows == -1 else x[:logit_rows]
+        return self.head(self._rms(x, self.norm)), captured                        # [R, V]
+
+    def _scripted(self, x: torch.Tensor, cache: StaticKVCache, start: int, cos: torch.Tensor, sin: torch.Tensor,
+                  want: set, captured: dict, mask: torch.Tensor | None, rows: RowKeys | None) -> torch.Tensor:
+        key = frozenset(want)
+        flags = self._flags.get(key)
+        if flags is None:
+            flags = self._flags[key] = [(i, w) in want for i in range(self.n_layers) for w in ("attn", "mlp")]
+        x, caps = self.step(self, x, cache, start, cos, sin, flags, mask, rows)
+        for site, h in zip(sorted(want), caps):                  # (layer, "attn" < "mlp"): the loop's order
+            captured[site] = h[None]
+        return x
+
+    def _layers(self, x: torch.Tensor, cache: StaticKVCache, start: int, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None, want: set, captured: dict, rows: RowKeys | None) -> torch.Tensor:
+        """The layer loop in Python: x [T, d] at positions start..; cos, sin [T, 1, hd]."""
+        T = x.shape[0]
+        end = start + T
         H, KV, hd = self.heads, self.kv_heads, self.head_dim
         K, V = cache.k[:, 0], cache.v[:, 0]                                        # [L, KV, cap, hd]
         for i, (n1, qkv, *_) in enumerate(self.layers):
@@ -349,6 +378,4 @@ class LeanLlama:
             Ki[:, start:end] = qk[:, H:].transpose(0, 1)                            # [KV, T, hd]
             Vi[:, start:end] = heads[:, H + KV:].transpose(0, 1)
             x = self.finish_layer(i, x, q, Ki[None, :, :end], Vi[None, :, :end], mask, T > 1, want, captured, rows)
-        cache.length = end
-        x = x[-1:] if logit_rows == -1 else x[:logit_rows]
-        return self.head(self._rms(x, self.norm)), captured                        # [R, V]
+        return x
