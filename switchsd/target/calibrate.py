@@ -26,7 +26,7 @@ import torch
 from ..core.costs import VerifyCost
 from ..io import write_text_atomic
 from . import int4
-from .models import INT4, LoadedModel, cache_dir, dtype_choice_path, gguf_model, load_model
+from .models import INT4, NOT_AUTO, LoadedModel, cache_dir, dtype_choice_path, gguf_model, load_model
 from .forward import FORWARDS, make_target, resolve_forward
 
 DEFAULT_RATIO = 2.0
@@ -240,7 +240,7 @@ def main(argv=None) -> None:
             old = {}
     out = {"attention": {**old.get("attention", {}), **attention}}
     if len(results) > 1:
-        out["fastest"] = min(results, key=lambda d: results[d]["curve_ms"][1])
+        out["fastest"] = min([d for d in results if d not in NOT_AUTO] or results, key=lambda d: results[d]["curve_ms"][1])
         dense = [d for d in results if d not in INT4]
         if dense:
             out["fastest_dense"] = min(dense, key=lambda d: results[d]["curve_ms"][1])

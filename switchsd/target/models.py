@@ -26,6 +26,9 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 # rows a forward runs through the kernel; wider ones, prefills at least, run dense over the same weights).
 # int4-mixed: int4 for the narrowest steps only, wide verify forwards dense (the mixed plan).
 INT4 = {"int4": (torch.bfloat16, 32), "int4-float32": (torch.float32, 32), "int4-mixed": (torch.bfloat16, 4)}
+# formats `auto` never picks: int4-mixed takes int4's very one-token path (so calibrate's one-token timing only tells
+# them apart by noise), its wide rows are not bit for bit int4's, and end to end it measured within noise of int4
+NOT_AUTO = ("int4-mixed",)
 
 
 class ModelLoadError(RuntimeError):
