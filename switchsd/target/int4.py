@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .dense import Dense
+
 GROUP = 32
 PROJ = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
         "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -63,26 +65,6 @@ def q8_halves(raw: np.ndarray) -> tuple[tuple, tuple]:
     hi, lo = torch.from_numpy(u >> 4), torch.from_numpy(u & 0x0F)
     d = torch.from_numpy(d)
     return (hi, 16 * d, torch.zeros_like(d)), (lo, d, 8 * d)
-
-
-class Dense:
-    """x W^T over a de-quantised copy of 4/8-bit weights, for inputs too wide for the int4 kernel: in bfloat16 /
-    float16 packed once for oneDNN (like the lean forward's dense layers: ~2x faster than `F.linear`, which
-    repacks on every call), in float32 MKL's `F.linear`. W is rounded to the activation dtype."""
-
-    def __init__(self, w: torch.Tensor, dtype: torch.dtype):                    # w [N, K] float32
-        self.weight, self.packed = w.to(dtype), None
-        if dtype in (torch.bfloat16, torch.float16) and torch.backends.mkldnn.is_available():
-            try:
-                self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 1)
-                self.weight = None
-            except (RuntimeError, AttributeError):
-                self.packed = None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
-        return torch.nn.functional.linear(x, self.weight)
 
 
 class Int8Head:
