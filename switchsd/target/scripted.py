@@ -4,11 +4,12 @@ A one-token step of a 135M model on two CPU cores is ~60 small ATen calls a laye
 Python each call pays ~1-2 us of argument parsing and dispatch, a third of the int4 step. `decode_layers` makes the
 very same calls, in the same order and with the same arguments as `LeanLlama.forward` (RMSNorm in float32 as
 sum / d, rotary with a signed sine, the fused products, SDPA in one call or row by row as `RowKeys`), so a step's
-logits and hidden states are bit for bit the Python loop's (`tests/test_lean.py` checks it on tiny and real models, in every format). TorchScript does
-not fuse on CPU (its fuser is off there by default and is not turned on here): no op changes its arithmetic.
+logits and hidden states are bit for bit the Python loop's (`tests/test_lean.py` checks it on tiny and real models,
+in every format). TorchScript does not fuse on CPU (its fuser is off there by default and is not turned on here):
+no op changes its arithmetic.
 
-TorchScript is deprecated upstream in favour of `torch.compile`, which measured slower here (`scripts/compile_step.py`:
-0.36-0.71x eager on this step). `ScriptedStep.make` returns None where scripting fails, and the Python loop runs;
+TorchScript is deprecated upstream in favour of `torch.compile`, which measured slower here
+(`scripts/compile_step.py`: 0.36-0.71x eager on this step). `ScriptedStep.make` returns None where scripting fails, and the Python loop runs;
 `SWITCHSD_SCRIPTED=0` turns it off.
 """
 from __future__ import annotations
@@ -115,7 +116,7 @@ def _scripted():
 
 
 class ScriptedStep:
-    """A lean forward's weights laid out for `decode_layers`, and the scripted function."""
+    """A lean forward's weights laid out for `decode_layers` (the scripted function itself is module state)."""
 
     def __init__(self, norms, kinds, ws, bs, most_rows: int):
         self.norms, self.kinds, self.ws, self.bs = norms, kinds, ws, bs      # no function kept: deepcopy-able
