@@ -109,7 +109,8 @@ def main(argv=None) -> None:
         fit_m, ev_m = half == h, half != h
         plus = fit_probe(torch.cat([x[tr], xs[fit_m]]), torch.cat([y[tr], ys[fit_m]]), 1e-3)
         alone = fit_probe(xs[fit_m], ys[fit_m], 1e-3)
-        val = {k: roc_auc(torch.sigmoid(x[va] @ w), y[va]) for k, w in (("base", base), ("plus", plus), ("alone", alone))}
+        fits = (("base", base), ("plus", plus), ("alone", alone))
+        val = {k: roc_auc(torch.sigmoid(x[va] @ w), y[va]) for k, w in fits}
         print(f"fitted with half {h}, scored on the other ({int(ev_m.sum())} positions): CopyDiversity only "
               f"{auc(base, ev_m):.4f}, + this half {auc(plus, ev_m):.4f}, this half alone {auc(alone, ev_m):.4f} "
               f"(CopyDiversity validation {val['base']:.4f} / {val['plus']:.4f} / {val['alone']:.4f})")
