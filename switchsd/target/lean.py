@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from .dense import Dense
 from .int4 import Int4Linear
-from .scripted import ScriptedStep
+from .scripted import ScriptedStep, _attend, _rms, _rotate
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 MAX_FAST_ROWS = 32       # verify forwards are at most this wide; longer inputs are prefills
@@ -169,9 +169,10 @@ class RowKeys:
 
     def __init__(self, start: int, seen: list[list[int]], exact: int):
         self.start, self.exact = start, exact
-        # per row, once per forward (not per layer): None where the row sees rows 0..j (its keys are a view of
-        # the cache, the first start + len(seen) positions), else the cache positions of the rows it sees
-        self.keys = [(len(r), None if r == list(range(len(r))) else torch.tensor(r) + start) for r in seen]
+        # per row, once per forward (not per layer): how many rows it sees, and None where those are rows 0..j (its
+        # keys are a view of the cache) or else the cache positions of the rows it sees (a gathered copy)
+        self.row_n = [len(r) for r in seen]
+        self.row_idx = [None if r == list(range(len(r))) else torch.tensor(r) + start for r in seen]
 
     @classmethod
     def plan(cls, start: int, T: int, mask: torch.Tensor | None, logit_rows: int | None) -> "RowKeys | None":
@@ -189,20 +190,8 @@ class RowKeys:
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
                scale: float, gqa: bool) -> torch.Tensor:
-        """q [B, H, T, hd]; keys/values [B, KV, start + T, hd] -> [B, H, T, hd]."""
-        out, P = [], self.start
-        for j, (n, idx) in enumerate(self.keys):
-            if idx is None:                                           # a chain so far: a view, as vanilla's
-                k, v = keys[:, :, :P + n], values[:, :, :P + n]
-            else:
-                idx = idx.to(keys.device)
-                k = torch.cat([keys[:, :, :P], keys.index_select(2, idx)], dim=2)
-                v = torch.cat([values[:, :, :P], values.index_select(2, idx)], dim=2)
-            out.append(F.scaled_dot_product_attention(q[:, :, j:j + 1], k, v, scale=scale, enable_gqa=gqa))
-        if self.exact < q.shape[2]:                    # pad rows: one call (their outputs and cache rows are dropped)
-            out.append(F.scaled_dot_product_attention(q[:, :, self.exact:], keys, values, scale=scale, enable_gqa=gqa,
-                                                      attn_mask=None if mask is None else mask[:, :, self.exact:]))
-        return torch.cat(out, dim=2)
+        """q [B, H, T, hd]; keys/values [B, KV, start + T, hd] -> [B, H, T, hd] (`scripted._attend`'s calls)."""
+        return _attend(q, keys, values, mask, False, scale, gqa, self.start, self.row_n, self.row_idx, self.exact)
 
 
 class LeanLlama:
@@ -265,12 +254,9 @@ class LeanLlama:
         return StaticKVCache(self.n_layers, self.kv_heads, self.head_dim, capacity, self.dtype, self.device)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        # transformers' arithmetic (normalise in float32, round, then scale), its mean as sum / d (what `mean` does
-        # on CPU): equal bit for bit to the seven-op form and to F.rms_norm (checked in float32 and bfloat16), and
-        # half the time of F.rms_norm's composite on CPU (~60 calls a token)
-        h = x.to(torch.float32)
-        r = (h * h).sum(-1, keepdim=True).div_(h.shape[-1]).add_(self.eps).rsqrt_()
-        return w * (h * r).to(x.dtype)
+        # transformers' arithmetic (normalise in float32, round, then scale), its mean as sum / d: one definition,
+        # shared with the scripted loop (scripted._rms)
+        return _rms(x, w, self.eps)
 
     def _rotary(self, pos: torch.Tensor, upto: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and a signed sin at positions `pos` [B, T], [B, T, 1, hd] each, read from tables kept for
@@ -290,7 +276,7 @@ class LeanLlama:
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-        return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin_signed
+        return _rotate(x, cos, sin_signed)
 
     def finish_layer(self, i: int, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                      mask: torch.Tensor | None, causal: bool, want: set, captured: dict,

@@ -36,9 +36,16 @@ def _product(x: torch.Tensor, kind: int, w: torch.Tensor, b: Optional[torch.Tens
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm arithmetic (normalise in float32, round, then scale), its mean as sum / d (what `mean`
+    does on CPU): bit for bit the seven-op form and F.rms_norm, half the time of F.rms_norm's CPU composite."""
     h = x.to(torch.float32)
     r = (h * h).sum(-1, keepdim=True).div_(h.size(-1)).add_(eps).rsqrt_()
     return w * (h * r).to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding with a signed sine (lean._rotary's tables): transformers' x cos + rotate_half(x) sin."""
+    return x * cos + torch.roll(x, x.size(-1) // 2, dims=-1) * sin_signed
 
 
 def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: Optional[torch.Tensor], causal: bool,
@@ -83,7 +90,7 @@ def decode_layers(x: torch.Tensor, norms: List[torch.Tensor], kinds: List[int], 
         j = 4 * i
         heads = _product(_rms(x, norms[2 * i], eps), kinds[j], ws[j], bs[j]).view(T, H + 2 * KV, hd)
         qk = heads[:, :H + KV]
-        qk = qk * cos + torch.roll(qk, hd // 2, dims=-1) * sin
+        qk = _rotate(qk, cos, sin)
         q = qk[:, :H].transpose(0, 1)[None]                                               # [1, H, T, hd]
         Ki, Vi = K[i], V[i]
         Ki[:, start:end] = qk[:, H:].transpose(0, 1)
@@ -153,8 +160,7 @@ class ScriptedStep:
                  want: list[bool], mask: torch.Tensor | None, rows) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """x [T, d]; cache a StaticKVCache with room for start + T; cos, sin [T, 1, hd]; `rows` a lean.RowKeys or
         None (one call: additive `mask`, else causal)."""
-        row_n = [n for n, _ in rows.keys] if rows is not None else []
-        row_idx = [None if i is None else i.to(x.device) for _, i in rows.keys] if rows is not None else []
+        row_n, row_idx = (rows.row_n, rows.row_idx) if rows is not None else ([], [])
         return _SCRIPT[0](x, self.norms, self.kinds, self.ws, self.bs, list(cache.k[:, 0].unbind(0)),
                        list(cache.v[:, 0].unbind(0)), cos, sin, start, lean.heads, lean.kv_heads, lean.head_dim,
                        float(lean.eps), float(lean.scale), lean.groups > 1, want, mask, True, row_n, row_idx,
