@@ -1,12 +1,13 @@
 """Collect probe training / evaluation data: target completions, labels, hidden states at every site.
 
     python -m probes.collect --out runs/probes/smollm2 [--model M] [--n 1200] [--max-new-tokens 192]
-        [--sets copydiversity,constructed,natural,mtbench]
+        [--sets copydiversity,realtext,constructed,natural,mtbench]
 
-Sets: copydiversity (our 17-type prompts, completions by the target), constructed (random-token sequences with a
-span repeated: ConstructedCopy), natural (natural English text with its own repetitions: Python's bundled pydoc
-topics), mtbench (Spec-Bench ids 81-160 first turns, completions by the target; the evaluation set of the
-paper's data ablation). Every stage is cached under --out and resumes.
+Sets: copydiversity (our 32-type prompts, completions by the target), realtext (copy-intent prompts on real
+standard-library code, docstrings and prose, probes/realtext.py; completions by the target), constructed
+(random-token sequences with a span repeated: ConstructedCopy), natural (natural English text with its own
+repetitions: Python's bundled pydoc topics), mtbench (Spec-Bench ids 81-160 first turns, completions by the
+target; the evaluation set of the paper's data ablation). Every stage is cached under --out and resumes.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 from switchsd.eval.datasets import load_prompts
 from switchsd.target.models import load_model
 
-from . import copydiversity
+from . import copydiversity, realtext
 from .features import complete, site_features
 
 
@@ -53,10 +54,11 @@ def main(argv=None) -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--out", required=True)
     ap.add_argument("--n", type=int, default=1200, help="CopyDiversity prompts (80%% train / 20%% val)")
+    ap.add_argument("--n-realtext", type=int, default=640, help="RealText prompts (80%% train / 20%% val)")
     ap.add_argument("--n-ablation", type=int, default=400, help="sequences for constructed and natural sets")
     ap.add_argument("--max-new-tokens", type=int, default=192)
     ap.add_argument("--n-train", type=int, default=5, help="shortest verbatim span labelled as copy")
-    ap.add_argument("--sets", default="copydiversity,constructed,natural,mtbench")
+    ap.add_argument("--sets", default="copydiversity,realtext,constructed,natural,mtbench")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--gen-dtype", default="float32", help="dtype of the target while it writes completions "
@@ -72,9 +74,12 @@ def main(argv=None) -> None:
         if name == "copydiversity":
             rows = copydiversity.build(args.n, args.seed)
             (d / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        elif name == "realtext":
+            rows = realtext.build(args.n_realtext, args.seed)
+            (d / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         elif name == "mtbench":
             rows = [{"id": i, "prompt": p["prompt"], "split": "eval"} for i, p in enumerate(load_prompts("mtbench"))]
-        if name in ("copydiversity", "mtbench"):
+        if name in ("copydiversity", "realtext", "mtbench"):
             recs = complete(writer, rows, d / "completions.jsonl", args.max_new_tokens, args.batch)
             seqs = [(r["id"], r["prompt_ids"] + r["completion_ids"], len(r["prompt_ids"])) for r in recs]
         elif name == "constructed":
@@ -84,7 +89,7 @@ def main(argv=None) -> None:
         else:
             ap.error(f"unknown set {name!r}")
         (d / "splits.json").write_text(json.dumps(
-            {str(r["id"]): r.get("split", "train") for r in rows} if name in ("copydiversity", "mtbench") else
+            {str(r["id"]): r.get("split", "train") for r in rows} if name in ("copydiversity", "realtext", "mtbench") else
             {str(s[0]): "train" for s in seqs}))
         site_features(lm, seqs, d / "features", args.n_train, desc=f"{name} hidden states")
 

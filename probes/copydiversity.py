@@ -108,15 +108,22 @@ def build(n: int = 1000, seed: int = 0, val_fraction: float = 0.2, broad: bool =
     if broad:
         from .families import broad_types
         types = types + broad_types()
-    by_tier = {t: [x for x in types if x[0] == t] for t in TIER_SHARE}
-    counts = {t: round(n * s) for t, s in TIER_SHARE.items()}
+    return fill_tiers(r, types, TIER_SHARE, n, val_fraction, lambda fn: fn(r))
+
+
+def fill_tiers(r: random.Random, types: list, shares: dict[str, float], n: int, val_fraction: float,
+               call) -> list[dict]:
+    """n distinct prompts, tiers in `shares`, types of a tier in turn (`call(builder)` writes one); shuffled,
+    ids 0..n-1, the first val_fraction of them "val"."""
+    by_tier = {t: [x for x in types if x[0] == t] for t in shares}
+    counts = {t: round(n * s) for t, s in shares.items()}
     counts["light"] += n - sum(counts.values())
     rows, seen = [], set()
     for tier, k in counts.items():
         made, tries = 0, 0
         while made < k:
             _, name, fn = by_tier[tier][(made + tries) % len(by_tier[tier])]
-            p = fn(r)
+            p = call(fn)
             if p in seen:  # a duplicate: move on to the next type of the tier
                 tries += 1
                 if tries > 100 * k:

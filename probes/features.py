@@ -1,6 +1,7 @@
 """Target completions and per-site hidden states for probe training/evaluation.
 
 `complete`: batched greedy generation by the target (chat template), resumable JSONL cache.
+`decision_features`: the same positions of a few completed records, one unpadded float32 forward each.
 `site_features`: one batched forward per chunk over prompt + completion, capturing every (layer, "attn"|"mlp")
 site; keeps the decision-aligned positions of `labels.aligned_pairs` and writes a safetensors chunk per batch
 ({"<layer>:<sub>": [n, d] fp16, "labels": [n], "sample": [n]}), skipped when it already exists.
@@ -88,6 +89,25 @@ def site_features(lm: LoadedModel, seqs: list[tuple[int, list[int], int]], out: 
             tensors["labels"] = torch.tensor(labels, dtype=torch.uint8)
             tensors["sample"] = torch.tensor(sample, dtype=torch.int64)
             save_safetensors_atomic(tensors, path)
+
+
+@torch.inference_mode()
+def decision_features(lm: LoadedModel, recs: list[dict], sites: list[tuple[int, str]], n_train: int = 5
+                      ) -> tuple[dict[tuple[int, str], torch.Tensor], torch.Tensor, torch.Tensor]:
+    """recs {"prompt_ids", "completion_ids"} -> ({site: [N, d] float32}, labels [N] bool, record index [N]) at the
+    decision positions of every record (records with none are skipped)."""
+    feats, labels, owner = {s: [] for s in sites}, [], []
+    with HiddenCapture(lm.model, sites) as cap:
+        for i, r in enumerate(recs):
+            toks = r["prompt_ids"] + r["completion_ids"]
+            pos, lab = aligned_pairs(toks, len(r["prompt_ids"]), n_train)
+            if pos:
+                lm.model(input_ids=torch.tensor([toks], device=lm.device), logits_to_keep=1)
+                for s in sites:
+                    feats[s].append(cap.last[s][0, pos].float().cpu())
+                labels += lab
+                owner += [i] * len(pos)
+    return {s: torch.cat(v) for s, v in feats.items()}, torch.tensor(labels, dtype=torch.bool), torch.tensor(owner)
 
 
 def load_site(folder: Path, key: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

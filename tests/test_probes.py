@@ -63,6 +63,23 @@ def test_copydiversity_tiers_and_split():
     assert build(50, seed=3) == build(50, seed=3)
 
 
+def test_realtext_prompts_carry_real_material():
+    from probes import realtext
+    m = realtext.material()
+    assert min(len(v) for v in m.values()) > 100                  # stdlib code, docstrings, pydoc paragraphs
+    rows = realtext.build(260, seed=1)
+    assert len({r["prompt"] for r in rows}) == 260 and rows == realtext.build(260, seed=1)
+    assert len({r["type"] for r in rows}) == 13
+    for tier, share in realtext.TIER_SHARE.items():
+        assert abs(sum(r["tier"] == tier for r in rows) / 260 - share) < 0.01
+    copies = [r["prompt"] for r in rows if r["type"] == "rt_code_copy"]
+    assert copies and all(any(src in p for src in m["code"]) for p in copies)   # the material is in the prompt
+    import random
+    text = m["prose"][0]
+    typo = realtext._typos(random.Random(0), text, 3)
+    assert typo != text and len(typo) == len(text)
+
+
 def test_fit_recovers_planted_direction():
     g = torch.Generator().manual_seed(0)
     d, n = 32, 4000
