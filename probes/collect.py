@@ -79,7 +79,8 @@ def main(argv=None) -> None:
             (d / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         elif name == "mtbench":
             rows = [{"id": i, "prompt": p["prompt"], "split": "eval"} for i, p in enumerate(load_prompts("mtbench"))]
-        if name in ("copydiversity", "realtext", "mtbench"):
+        prompted = name in ("copydiversity", "realtext", "mtbench")
+        if prompted:
             recs = complete(writer, rows, d / "completions.jsonl", args.max_new_tokens, args.batch)
             seqs = [(r["id"], r["prompt_ids"] + r["completion_ids"], len(r["prompt_ids"])) for r in recs]
         elif name == "constructed":
@@ -89,8 +90,7 @@ def main(argv=None) -> None:
         else:
             ap.error(f"unknown set {name!r}")
         (d / "splits.json").write_text(json.dumps(
-            {str(r["id"]): r.get("split", "train") for r in rows} if name in ("copydiversity", "realtext", "mtbench") else
-            {str(s[0]): "train" for s in seqs}))
+            {str(r["id"]): r.get("split", "train") for r in rows} if prompted else {str(s[0]): "train" for s in seqs}))
         site_features(lm, seqs, d / "features", args.n_train, desc=f"{name} hidden states")
 
 
