@@ -4,8 +4,9 @@ Fits linear probes several ways on the same CopyDiversity training split (the sh
 LDA with shrinkage; every prompt family weighted equally; group DRO over families; the directions that tell
 families apart projected out; CopyDiversity + the RealText set of probes/realtext.py) at each --sites site, and
 scores them on CopyDiversity / RealText validation, the out-of-template sets (`probes.evaluate --cache`
-completions) and real Spec-Bench prompts (`scripts/probe_real_prompts.py` completions). Ends with a prompt-level
-bootstrap of the shipped probe on each held-out set: how far a set's AUC moves with which prompts it holds.
+completions of tests/data/probe_heldout*.jsonl) and real Spec-Bench prompts (`scripts/probe_real_prompts.py`
+completions). Ends with a prompt-level bootstrap of the shipped probe on each held-out set and on the
+hand-written sets pooled: how far a set's AUC moves with which prompts it holds.
 
     python -m probes.collect --out runs/probes/smollm2b --gen-dtype bfloat16 --sets realtext
     python scripts/probe_generalisation.py --data runs/probes/smollm2b --caches runs/probe-eval \
@@ -28,7 +29,9 @@ from probes.train import split_mask  # noqa: E402
 from switchsd.core.probe import load_probe  # noqa: E402
 from switchsd.target.models import load_model  # noqa: E402
 
-SETS = ("probe_heldout2-64", "probe_heldout2-192", "real", "probe_heldout-64", "probe_heldout-192")
+SETS = ("probe_heldout2-64", "probe_heldout2-192", "probe_heldout3-64", "probe_heldout3-192", "real",
+        "probe_heldout-64", "probe_heldout-192")
+OUT_OF_TEMPLATE = ("probe_heldout", "probe_heldout2", "probe_heldout3")     # pooled in the bootstrap table
 
 
 def eval_features(args, sites: list[tuple[int, str]]) -> dict[str, dict]:
@@ -152,6 +155,15 @@ def main() -> None:
         lo, hi, sd = bootstrap(sc, ev[t]["y"], ev[t]["seq"])
         print(f"| {t} | {len(ev[t]['seq'].unique())} | {len(sc)} | {roc_auc(sc, ev[t]['y']):.4f} | "
               f"[{lo:.4f}, {hi:.4f}] | {sd:.4f} |")
+    for n in (64, 192):                      # every hand-written out-of-template prompt at once
+        parts = [ev[f"{s}-{n}"] for s in OUT_OF_TEMPLATE]
+        offsets = torch.tensor([0] + [int(e["seq"].max()) + 1 for e in parts]).cumsum(0)
+        x = torch.cat([e["x"][key] for e in parts])
+        y, seq = torch.cat([e["y"] for e in parts]), torch.cat([e["seq"] + o for e, o in zip(parts, offsets)])
+        sc = torch.sigmoid(x @ probe.weight.float())
+        lo, hi, sd = bootstrap(sc, y, seq)
+        print(f"| the {len(parts)} out-of-template sets pooled, {n} tokens | {len(seq.unique())} | {len(sc)} | "
+              f"{roc_auc(sc, y):.4f} | [{lo:.4f}, {hi:.4f}] | {sd:.4f} |")
 
 
 if __name__ == "__main__":
