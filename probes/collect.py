@@ -71,11 +71,9 @@ def main(argv=None) -> None:
     for name in sets:
         d = out / name
         d.mkdir(parents=True, exist_ok=True)
-        if name == "copydiversity":
-            rows = copydiversity.build(args.n, args.seed)
-            (d / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        elif name == "realtext":
-            rows = realtext.build(args.n_realtext, args.seed)
+        if name in ("copydiversity", "realtext"):
+            rows = copydiversity.build(args.n, args.seed) if name == "copydiversity" else \
+                realtext.build(args.n_realtext, args.seed)
             (d / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         elif name == "mtbench":
             rows = [{"id": i, "prompt": p["prompt"], "split": "eval"} for i, p in enumerate(load_prompts("mtbench"))]

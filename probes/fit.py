@@ -9,8 +9,10 @@ import torch
 import torch.nn.functional as F
 
 
-def fit_probe(x: torch.Tensor, y: torch.Tensor, l2: float = 1e-3, steps: int = 100) -> torch.Tensor:
-    """x [N, d], y [N] bool -> w [d] in the original feature scale."""
+def fit_probe(x: torch.Tensor, y: torch.Tensor, l2: float = 1e-3, steps: int = 100,
+              weights: torch.Tensor | None = None) -> torch.Tensor:
+    """x [N, d], y [N] bool -> w [d] in the original feature scale. `weights` [N]: per-position weights of the
+    cross-entropy (a weighted mean; None: the plain mean)."""
     x = x.float()
     scale = x.pow(2).mean(0).sqrt().clamp(min=1e-6)                    # [d]
     xs = x / scale
@@ -20,7 +22,11 @@ def fit_probe(x: torch.Tensor, y: torch.Tensor, l2: float = 1e-3, steps: int = 1
 
     def closure():
         opt.zero_grad()
-        loss = F.binary_cross_entropy_with_logits(xs @ w, yf) + l2 * w.pow(2).sum()
+        if weights is None:
+            bce = F.binary_cross_entropy_with_logits(xs @ w, yf)
+        else:
+            bce = (F.binary_cross_entropy_with_logits(xs @ w, yf, reduction="none") * weights).sum() / weights.sum()
+        loss = bce + l2 * w.pow(2).sum()
         loss.backward()
         return loss
 

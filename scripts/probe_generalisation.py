@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from probes.features import decision_features, load_site  # noqa: E402
+from probes.fit import fit_probe  # noqa: E402
 from probes.metrics import roc_auc  # noqa: E402
 from probes.train import split_mask  # noqa: E402
 from switchsd.core.probe import load_probe  # noqa: E402
@@ -54,24 +55,6 @@ def eval_features(args, sites: list[tuple[int, str]]) -> dict[str, dict]:
     return res
 
 
-def logistic(x: torch.Tensor, y: torch.Tensor, wts: torch.Tensor | None = None, l2: float = 1e-3) -> torch.Tensor:
-    """probes.fit.fit_probe with per-position weights (None: all 1)."""
-    scale = x.pow(2).mean(0).sqrt().clamp(min=1e-6)
-    xs, yf = x / scale, y.float()
-    wts = torch.ones(len(y)) if wts is None else wts
-    w = torch.zeros(x.shape[1], requires_grad=True)
-    opt = torch.optim.LBFGS([w], lr=1.0, max_iter=100, history_size=20, line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        bce = F.binary_cross_entropy_with_logits(xs @ w, yf, reduction="none")
-        loss = (bce * wts).sum() / wts.sum() + l2 * w.pow(2).sum()
-        loss.backward()
-        return loss
-    opt.step(closure)
-    return w.detach() / scale
-
-
 def lda(x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor:
     """Shrinkage LDA: (within-class covariance, shrunk towards its mean variance)^-1 (mu_copy - mu_other)."""
     m1, m0 = x[y].mean(0), x[~y].mean(0)
@@ -90,11 +73,11 @@ def family_directions(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, k: int)
 
 def fits(x, y, g, rt) -> dict[str, torch.Tensor]:
     counts = torch.bincount(g).float().clamp(min=1)
-    out = {"logistic (shipped recipe)": logistic(x, y), "LDA shrink 0.1": lda(x, y, 0.1),
-           "families weighted equally": logistic(x, y, 1.0 / counts[g])}
+    out = {"logistic (shipped recipe)": fit_probe(x, y), "LDA shrink 0.1": lda(x, y, 0.1),
+           "families weighted equally": fit_probe(x, y, weights=1.0 / counts[g])}
     wf = torch.ones(len(counts))                                   # group DRO: up-weight the worst families
     for _ in range(2):
-        w = logistic(x, y, (wf / counts)[g])
+        w = fit_probe(x, y, weights=(wf / counts)[g])
         with torch.no_grad():
             fl = torch.zeros(len(counts)).index_add_(0, g, F.binary_cross_entropy_with_logits(
                 x @ w, y.float(), reduction="none")) / counts
@@ -102,8 +85,8 @@ def fits(x, y, g, rt) -> dict[str, torch.Tensor]:
     out["group DRO (2 rounds)"] = w
     v = family_directions(x, y, g, 8)
     p = torch.eye(x.shape[1]) - v.T @ v
-    out["family directions erased (8)"] = p @ logistic(x @ p, y)
-    out["CopyDiversity + RealText"] = logistic(torch.cat([x, rt[0]]), torch.cat([y, rt[1]]))
+    out["family directions erased (8)"] = p @ fit_probe(x @ p, y)
+    out["CopyDiversity + RealText"] = fit_probe(torch.cat([x, rt[0]]), torch.cat([y, rt[1]]))
     return out
 
 

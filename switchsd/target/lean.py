@@ -167,12 +167,13 @@ class RowKeys:
     bit. A chain row's keys are a view of the cache; a tree row that sees non-adjacent rows gets a gathered copy.
     Rows past `exact` (pad rows, whose outputs are dropped) share one masked call."""
 
-    def __init__(self, start: int, seen: list[list[int]], exact: int):
+    def __init__(self, start: int, seen: list[list[int]], exact: int, device: torch.device | None = None):
         self.start, self.exact = start, exact
         # per row, once per forward (not per layer): how many rows it sees, and None where those are rows 0..j (its
-        # keys are a view of the cache) or else the cache positions of the rows it sees (a gathered copy)
+        # keys are a view of the cache) or else the cache positions of the rows it sees (a gathered copy, on the
+        # mask's device)
         self.row_n = [len(r) for r in seen]
-        self.row_idx = [None if r == list(range(len(r))) else torch.tensor(r) + start for r in seen]
+        self.row_idx = [None if r == list(range(len(r))) else torch.tensor(r, device=device) + start for r in seen]
 
     @classmethod
     def plan(cls, start: int, T: int, mask: torch.Tensor | None, logit_rows: int | None) -> "RowKeys | None":
@@ -186,7 +187,7 @@ class RowKeys:
         vis = mask[0, 0] == 0 if mask.dtype != torch.bool else mask[0, 0]        # [T, start + T]
         if not bool(vis[:exact, :start].all()):
             return None
-        return cls(start, [torch.nonzero(vis[j, start:]).flatten().tolist() for j in range(exact)], exact)
+        return cls(start, [torch.nonzero(vis[j, start:]).flatten().tolist() for j in range(exact)], exact, mask.device)
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
                scale: float, gqa: bool) -> torch.Tensor:
