@@ -115,10 +115,27 @@ def ttt_loss(head: Eagle3Head, embed, teacher_w: torch.Tensor, batch: list[dict]
     return total, accs, count
 
 
+def clip_context(s: dict, keep: int) -> dict:
+    """The sample with at most `keep` prompt positions before its answer (features are per position, so a
+    clipped sample is the same positions' features, seen with less context by the head)."""
+    cut = max(0, s["start"] - keep)
+    if cut == 0:
+        return s
+    return {**s, "ids": s["ids"][cut:], "aux": s["aux"][cut:], "final": s["final"][cut:], "start": s["start"] - cut}
+
+
 def batches(samples: list[dict], tokens_per_batch: int, rng: random.Random) -> list[list[dict]]:
     out = length_batches(samples, lambda s: len(s["ids"]), tokens_per_batch)
     rng.shuffle(out)
     return out
+
+
+def val_agreement(head: Eagle3Head, embed, teacher_w: torch.Tensor, val: list[dict], args, dev_type: str) -> list:
+    """Top-1 agreement with the target per TTT step over the validation samples' answer positions."""
+    with torch.no_grad(), torch.autocast(dev_type, dtype=torch.bfloat16, enabled=args.bf16):
+        vl = [ttt_loss(head, embed, teacher_w, b, args.ttt) for b in
+              batches(val, args.tokens_per_batch, random.Random(0))]
+    return [sum(a[1][k] * a[2] for a in vl) / max(1, sum(a[2] for a in vl)) for k in range(args.ttt)]
 
 
 def save_ckpt(work: Path, head: Eagle3Head, opt: torch.optim.Optimizer, state: dict) -> None:
@@ -165,26 +182,39 @@ def main(argv=None) -> None:
                     "(bfloat16 is ~2x faster on CPUs with AVX-512 BF16; training always reads fp32 weights)")
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--rope-theta", type=float, default=None, help="default: the target's")
-    ap.add_argument("--ttt", type=int, default=5, help="training-time-test steps K")
+    ap.add_argument("--ttt", type=int, default=7, help="training-time-test steps K (EAGLE-3's recipe: 7)")
     ap.add_argument("--epochs", type=float, default=3)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
     ap.add_argument("--save-every", type=int, default=100)
+    ap.add_argument("--val-limit", type=int, default=64, help="validation samples scored at each checkpoint "
+                    "(all of them once training ends)")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                     help="bfloat16 autocast for the head's matmuls (master weights stay float32)")
     ap.add_argument("--extra", action="append", default=[], metavar="JSONL",
                     help="more samples the target already wrote (rows with prompt_ids + completion_ids, e.g. "
                     "runs/probes/<m>/copydiversity/completions.jsonl); never pass benchmark completions")
+    ap.add_argument("--sharegpt", default=None, metavar="STATE", help="train on the ShareGPT answers of "
+                    "`python -m switchsd.regen_sharegpt` in STATE (its val split validates); no prompt generation")
+    ap.add_argument("--answers", type=int, default=None, help="with --sharegpt: the first N training answers "
+                    "(the data-scaling curve's prefixes)")
+    ap.add_argument("--tf-answers", type=int, default=0, help="with --sharegpt: also the first N teacher-forced "
+                    "samples (ShareGPT's own answers, `regen_sharegpt --teacher-forced`)")
+    ap.add_argument("--max-context", type=int, default=256, help="prompt positions kept before each answer "
+                    "(the head attends to at most this much context in training; all of it at inference)")
+    ap.add_argument("--lm-head-init", choices=["random", "target"], default="random",
+                    help="target: the head's lm_head starts as the target's output rows of the draft vocabulary")
     ap.add_argument("--stage", choices=["all", "data", "train", "export"], default="all")
     ap.add_argument("--init", default=None, help="start from this published-format head (its draft vocabulary "
                     "is kept), e.g. to continue training the shipped head on new data")
     args = ap.parse_args(argv)
     work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
     lm = load_model(args.model, dtype=args.gen_dtype if args.stage in ("all", "data") else "float32")
     lm.tokenizer.padding_side = "left"
     tc = lm.model.config
     layers = default_aux_layers(tc.num_hidden_layers)
-    if args.stage in ("all", "data"):
+    if args.stage in ("all", "data") and not args.sharegpt:
         if args.prompts > 0:
             build(lm, build_prompts(args.prompts, args.seed, args.prompt_set), work / "data", layers,
                   args.max_new_tokens, args.gen_batch)
@@ -194,15 +224,31 @@ def main(argv=None) -> None:
             from_completions(lm, Path(path), work / f"extra_{i}", layers)
         if args.stage == "data":
             return
+    if args.stage == "data":
+        return
     torch.manual_seed(args.seed)
-    samples = load_samples(work / "data")
-    n_base = len(samples)
-    for i in range(len(args.extra)):
-        samples += load_samples(work / f"extra_{i}")
     rng = random.Random(args.seed)
-    rng.shuffle(samples)
-    n_val = max(1, len(samples) // 20)
-    val, train = samples[:n_val], samples[n_val:]
+    if args.sharegpt:
+        from .regen_job import load_split
+        train = load_split(Path(args.sharegpt).expanduser(), "train", args.answers)
+        n_base = len(train)
+        if args.tf_answers:
+            train += load_split(Path(args.sharegpt).expanduser(), "tf", args.tf_answers)
+        val = load_split(Path(args.sharegpt).expanduser(), "val")
+        if not train or not val:
+            raise SystemExit(f"no ShareGPT answers in {args.sharegpt} (train {len(train)}, val {len(val)}): run "
+                             "python -m switchsd.regen_sharegpt first")
+        samples = train + val
+    else:
+        samples = load_samples(work / "data")
+        n_base = len(samples)
+        for i in range(len(args.extra)):
+            samples += load_samples(work / f"extra_{i}")
+        rng.shuffle(samples)
+        n_val = max(1, len(samples) // 20)
+        val, train = samples[:n_val], samples[n_val:]
+    if args.max_context:
+        train, val = [clip_context(s, args.max_context) for s in train], [clip_context(s, args.max_context) for s in val]
     d2t, t2d, coverage = build_vocab(train, args.draft_vocab, tc.vocab_size)
     cfg = Eagle3Config.for_target(tc, args.draft_vocab, args.rope_theta)
     if args.init:
@@ -215,6 +261,9 @@ def main(argv=None) -> None:
         head = Eagle3Head(cfg)
         head.d2t.copy_(d2t)
         head.t2d.copy_(t2d)
+        if args.lm_head_init == "target":
+            with torch.no_grad():
+                head.lm_head.weight.copy_(lm.model.get_output_embeddings().weight[t2d].float())
     embed = lm.model.get_input_embeddings()
     teacher_w = lm.model.get_output_embeddings().weight[t2d].detach()          # [Vd, H], draft-id order
     params = [p for n, p in head.named_parameters()]
@@ -248,10 +297,7 @@ def main(argv=None) -> None:
                 bar.update()
                 bar.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{accs[0]:.3f}", accK=f"{accs[-1]:.3f}")
                 if state["step"] % args.save_every == 0 or state["step"] == total_steps:
-                    with torch.no_grad(), torch.autocast(dev_type, dtype=torch.bfloat16, enabled=args.bf16):
-                        vl = [ttt_loss(head, embed, teacher_w, b, args.ttt) for b in
-                              batches(val, args.tokens_per_batch, random.Random(0))]
-                    vacc = [sum(a[1][k] * a[2] for a in vl) / max(1, sum(a[2] for a in vl)) for k in range(args.ttt)]
+                    vacc = val_agreement(head, embed, teacher_w, val[:args.val_limit], args, dev_type)
                     state["log"].append({"step": state["step"], "val_acc": vacc, "time": time.time()})
                     tqdm.write(f"step {state['step']}: val acc per TTT step {[round(a, 3) for a in vacc]}")
                     save_ckpt(work, head, opt, state)
@@ -259,7 +305,12 @@ def main(argv=None) -> None:
         bar.close()
     out = Path(args.out)
     save_eagle3(head, out, torch.bfloat16)
-    meta = {"target": lm.name, "prompts": args.prompts, "samples": len(samples), "extra": args.extra, "max_new_tokens": args.max_new_tokens,
+    final_val = val_agreement(head.eval(), embed, teacher_w, val, args, dev_type)
+    print(f"validation agreement per TTT step ({len(val)} samples): {[round(a, 3) for a in final_val]}")
+    meta = {"sharegpt": args.sharegpt and "~/.cache/switchsd/eagle3/sharegpt", "answers": n_base,
+            "tf_answers": len(train) - n_base if args.sharegpt else 0,
+            "val_samples": len(val), "val_acc_all": final_val, "max_context": args.max_context,
+            "lm_head_init": args.lm_head_init, "log": state["log"], "target": lm.name, "prompts": args.prompts, "samples": len(samples), "extra": args.extra, "max_new_tokens": args.max_new_tokens,
             "draft_vocab": args.draft_vocab, "coverage": coverage, "ttt": args.ttt, "epochs": args.epochs,
             "lr": args.lr, "steps": state["step"], "val_acc": state["log"][-1]["val_acc"] if state["log"] else None}
     (out / "training.json").write_text(json.dumps(meta, indent=1))

@@ -1,0 +1,203 @@
+"""The long job that makes EAGLE-3 training data: the target answers ShareGPT prompts (greedy, continuous batching,
+features from the same forwards), shard by shard, resumable across processes and sessions.
+
+    nohup python -m switchsd.regen_sharegpt --answers 20000 > ~/.cache/switchsd/eagle3/regen.log 2>&1 &
+
+State lives in `--state` (default `~/.cache/switchsd/eagle3/sharegpt`, outside the work tree):
+- `sharegpt_prompts_*.jsonl` the filtered prompt list (switchsd.training.sharegpt), fixed order;
+- `val/feat_*.safetensors`, `train/feat_*.safetensors`: samples in the `switchsd.training.data` layout, one file
+  per `--shard` answers, written atomically, plus `{i}.key` (the prompt's key, as bytes);
+- `answers.jsonl`: one row per finished answer (key, split, prompt_ids, completion_ids): the compact record of
+  the expensive part (features can be recomputed from it by one teacher-forced forward);
+- `progress.json`: throughput so far (tokens, seconds, tokens/s, disk per million tokens).
+A restart skips every key already in `answers.jsonl` whose shard exists, so a killed job loses at most the
+answers in flight. The validation split is answered first (`--val`), then training prompts in list order.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from tqdm import tqdm
+
+from ..drafters.eagle3_model import default_aux_layers
+from ..io import read_jsonl, save_safetensors_atomic, write_text_atomic
+from ..target.models import load_model
+from .regen import Regenerator
+from .sharegpt import MissingDataError, sharegpt_prompts
+
+DEFAULT_STATE = Path.home() / ".cache" / "switchsd" / "eagle3" / "sharegpt"
+
+
+def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def answers_file(split: str) -> str:
+    return "answers_tf.jsonl" if split == "tf" else "answers.jsonl"
+
+
+def done_keys(state: Path, split: str = "train") -> set[str]:
+    """Keys whose sample sits in a finished shard (a row in the answers file whose shard file exists); the
+    teacher-forced split keeps its own file (its keys are the same prompts, other answers)."""
+    path = state / answers_file(split)
+    if not path.exists():
+        return set()
+    return {r["key"] for r in read_jsonl(path) if (state / r["shard"]).exists()}
+
+
+def next_shard(folder: Path) -> int:
+    return 1 + max((int(p.stem.split("_")[1]) for p in folder.glob("feat_*.safetensors")), default=-1)
+
+
+def flush(state: Path, split: str, buf: list[tuple[str, dict]]) -> str:
+    folder = state / split
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"{split}/feat_{next_shard(folder):05d}.safetensors"
+    tensors = {}
+    for i, (key, s) in enumerate(buf):
+        tensors.update({f"{i}.ids": s["ids"], f"{i}.aux": s["aux"], f"{i}.final": s["final"],
+                        f"{i}.start": torch.tensor([s["start"]], dtype=torch.int32),
+                        f"{i}.key": torch.frombuffer(bytearray(key.encode()), dtype=torch.uint8)})
+    save_safetensors_atomic(tensors, state / name)
+    with open(state / answers_file(split), "a") as f:
+        for key, s in buf:
+            ids = s["ids"].tolist()
+            f.write(json.dumps({"key": key, "split": split, "shard": name, "prompt_ids": ids[:s["start"]],
+                                "completion_ids": ids[s["start"]:]}) + "\n")
+    return name
+
+
+def teacher_forced_ids(tokenizer, row: dict, max_new: int) -> tuple[list[int], int] | None:
+    """ShareGPT's own answer to the prompt, in the chat template: (prompt + answer ids, prompt length), the
+    answer cut at `max_new` tokens; None when the row has no answer."""
+    if not row.get("reply"):
+        return None
+    prompt = chat_ids(tokenizer, row["messages"])
+    full = tokenizer.apply_chat_template(row["messages"] + [{"role": "assistant", "content": row["reply"]}],
+                                         tokenize=True)
+    full = [int(t) for t in (full["input_ids"] if hasattr(full, "keys") else full)]
+    if full[:len(prompt)] != prompt:
+        return None
+    return full[:len(prompt) + max_new], len(prompt)
+
+
+@torch.inference_mode()
+def teacher_forced(lm, rows: list[dict], layers: tuple[int, int, int], max_new: int, max_prompt: int,
+                   tokens_per_batch: int = 4096):
+    """EAGLE-1's data: one forward over ShareGPT's own answers gives the target's features and distributions
+    there (no decoding). Yields (key, sample) in the regenerated samples' layout."""
+    from ..io import length_batches, right_padded
+    items = []
+    for r in rows:
+        got = teacher_forced_ids(lm.tokenizer, r, max_new)
+        if got and got[1] <= max_prompt and len(got[0]) > got[1] + 1:
+            items.append((r["key"], got[0], got[1]))
+    for chunk in length_batches(items, lambda it: len(it[1]), tokens_per_batch):
+        ids, att = right_padded([it[1] for it in chunk], lm.device)                      # [B, T]
+        hs = lm.model(input_ids=ids, attention_mask=att, output_hidden_states=True, logits_to_keep=1).hidden_states
+        aux = torch.cat([hs[i] for i in layers], -1)                                    # [B, T, 3H]
+        for b, (key, seq, start) in enumerate(chunk):
+            n = len(seq) - 1
+            yield key, {"ids": torch.tensor(seq, dtype=torch.int32), "aux": aux[b, :n].to(torch.float16).clone(),
+                        "final": hs[-1][b, :n].to(torch.float16).clone(), "start": start}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="target (default: offline SmolLM2-135M-Instruct)")
+    ap.add_argument("--dtype", default="bfloat16", help="format the target answers in (bfloat16: the fastest "
+                    "batched decode measured on this CPU; see the head card)")
+    ap.add_argument("--state", default=str(DEFAULT_STATE))
+    ap.add_argument("--answers", type=int, default=20000, help="training answers to reach")
+    ap.add_argument("--val", type=int, default=256, help="validation answers (answered first)")
+    ap.add_argument("--slots", type=int, default=48, help="requests decoded together")
+    ap.add_argument("--max-new-tokens", type=int, default=512)
+    ap.add_argument("--max-prompt", type=int, default=512, help="prompt tokens, chat template included (longer "
+                    "prompts are skipped: decode cost grows with the widest row)")
+    ap.add_argument("--shard", type=int, default=64, help="answers per shard file")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--teacher-forced", type=int, default=0, metavar="N", help="instead of answering: features "
+                    "over ShareGPT's own answers to N training prompts, taken from the end of the list (EAGLE-1's "
+                    "data; split `tf`)")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    state = Path(args.state).expanduser()
+    state.mkdir(parents=True, exist_ok=True)
+    try:
+        prompts = sharegpt_prompts(cache=state)
+    except MissingDataError as e:
+        ap.error(str(e))
+    lm = load_model(args.model, dtype=args.dtype, device="cpu")
+    done = done_keys(state, "tf" if args.teacher_forced else "train")
+    if args.teacher_forced:
+        want = [dict(p, split="tf") for p in prompts if p["split"] == "train"][::-1][:args.teacher_forced]
+    else:
+        want = [p for p in prompts if p["split"] == "val"][:args.val] + \
+               [p for p in prompts if p["split"] == "train"][:args.answers]
+    todo = [p for p in want if p["key"] not in done]
+    split_of = {p["key"]: p["split"] for p in todo}
+    print(f"{len(prompts)} ShareGPT prompts; {len(want) - len(todo)} of {len(want)} wanted already answered; "
+          f"state {state}", flush=True)
+    layers = default_aux_layers(lm.model.config.num_hidden_layers)
+    if args.teacher_forced:
+        samples = teacher_forced(lm, todo, layers, args.max_new_tokens, args.max_prompt)
+    else:
+        gen = Regenerator(lm, layers, args.slots, args.max_new_tokens, args.max_prompt)
+        samples = gen.run((p["key"], chat_ids(lm.tokenizer, p["messages"])) for p in todo)
+    prog_path = state / ("progress_tf.json" if args.teacher_forced else "progress.json")
+    prog = json.loads(prog_path.read_text()) if prog_path.exists() else {"tokens": 0, "prompt_tokens": 0,
+                                                                          "seconds": 0.0, "answers": 0}
+    bufs: dict[str, list] = {"val": [], "train": [], "tf": []}
+    t0, base = time.time(), dict(prog)
+    bar = tqdm(total=len(todo), desc="ShareGPT answers", unit="answer", smoothing=0.05)
+    for key, sample in samples:
+        split = split_of[key]
+        bufs[split].append((key, sample))
+        prog["tokens"] += len(sample["ids"]) - sample["start"]
+        prog["prompt_tokens"] += sample["start"]
+        prog["answers"] += 1
+        bar.update()
+        if len(bufs[split]) >= args.shard:
+            flush(state, split, bufs[split])
+            bufs[split] = []
+            prog["seconds"] = base["seconds"] + time.time() - t0
+            disk = sum(f.stat().st_size for f in (state / split).glob("feat_*.safetensors"))
+            prog.update(tok_per_s=prog["tokens"] / prog["seconds"], dtype=args.dtype, slots=args.slots, split=split,
+                        disk_gb=disk / 1e9, disk_gb_per_m_tokens=disk / 1e9 / max(1, prog["tokens"] +
+                                                                                   prog["prompt_tokens"]) * 1e6)
+            write_text_atomic(prog_path, json.dumps(prog, indent=1))
+            bar.set_postfix(tok_s=f"{prog['tok_per_s']:.0f}")
+    for split, buf in bufs.items():
+        if buf:
+            flush(state, split, buf)
+    prog["seconds"] = base["seconds"] + time.time() - t0
+    write_text_atomic(prog_path, json.dumps(prog, indent=1))
+    bar.close()
+    print(json.dumps(prog), flush=True)
+
+
+def load_split(state: Path, split: str, limit: int | None = None) -> list[dict]:
+    """Samples of one split in answer order (the first `limit` answers: the data-scaling curve's prefixes)."""
+    out = []
+    for path in sorted((state / split).glob("feat_*.safetensors")):
+        d = load_file(str(path))
+        for b in sorted({k.split(".")[0] for k in d}, key=int):
+            out.append({"ids": d[f"{b}.ids"].long(), "aux": d[f"{b}.aux"], "final": d[f"{b}.final"],
+                        "start": int(d[f"{b}.start"][0]), "key": bytes(d[f"{b}.key"].tolist()).decode()})
+            if limit is not None and len(out) >= limit:
+                return out
+    return out
+
+
+if __name__ == "__main__":
+    main()

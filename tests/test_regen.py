@@ -1,0 +1,57 @@
+"""The regeneration loop (EAGLE-3 training data): continuous batching over slots gives each prompt its greedy
+answer, and the features it records are the target's hidden states at those positions (tiny float64 Llama)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import EOS, greedy_reference, random_prompt
+from switchsd.target.models import LoadedModel
+from switchsd.training.regen import Regenerator
+
+
+class _Tok:
+    eos_token_id = EOS
+
+
+@pytest.mark.parametrize("slots", [1, 2, 3])
+def test_regenerator_answers_are_greedy_and_features_are_the_targets(tiny_model, slots):
+    lm = LoadedModel(model=tiny_model, tokenizer=_Tok(), name="tiny")
+    prompts = [(f"p{i}", random_prompt(10 + i, n)) for i, n in enumerate([5, 9, 3, 14, 7])]
+    gen = Regenerator(lm, layers=(1, 1, 1), slots=slots, max_new_tokens=12, max_prompt=32)
+    got = dict(gen.run(prompts))
+    assert sorted(got) == sorted(k for k, _ in prompts)
+    for key, prompt in prompts:
+        s = got[key]
+        want = greedy_reference(tiny_model, prompt, 12)
+        assert s["ids"].tolist() == prompt + want and s["start"] == len(prompt)
+        T = len(s["ids"])
+        with torch.inference_mode():
+            hs = tiny_model(input_ids=s["ids"][None, :-1].long(), output_hidden_states=True).hidden_states
+        aux = torch.cat([hs[1], hs[1], hs[1]], -1)[0]          # input to layer 1 (hs[2] of 2 layers is normed)
+        assert s["aux"].shape == (T - 1, 3 * 32) and s["final"].shape == (T - 1, 32)
+        torch.testing.assert_close(s["aux"].double(), aux.to(torch.float16).double(), atol=1e-3, rtol=0)
+        torch.testing.assert_close(s["final"].double(), hs[-1][0].to(torch.float16).double(), atol=1e-3, rtol=0)
+
+
+def test_shards_round_trip_and_resume_keys(tmp_path):
+    """A finished shard is listed in answers.jsonl and read back whole; a key whose shard is gone is not done."""
+    from switchsd.training.eagle3 import clip_context
+    from switchsd.training.regen_job import done_keys, flush, load_split
+    g = torch.Generator().manual_seed(0)
+
+    def sample(n, start):
+        return {"ids": torch.arange(n, dtype=torch.int32), "aux": torch.randn(n - 1, 6, generator=g).half(),
+                "final": torch.randn(n - 1, 2, generator=g).half(), "start": start}
+    a, b = sample(9, 4), sample(5, 2)
+    name = flush(tmp_path, "train", [("conv#0", a), ("conv#1", b)])
+    flush(tmp_path, "val", [("other#0", sample(4, 1))])
+    got = load_split(tmp_path, "train")
+    assert [s["key"] for s in got] == ["conv#0", "conv#1"]
+    assert torch.equal(got[0]["aux"], a["aux"]) and got[1]["start"] == 2 and got[0]["ids"].tolist() == list(range(9))
+    assert done_keys(tmp_path) == {"conv#0", "conv#1", "other#0"} and done_keys(tmp_path, "tf") == set()
+    assert len(load_split(tmp_path, "train", limit=1)) == 1
+    (tmp_path / name).unlink()
+    assert done_keys(tmp_path) == {"other#0"}
+    c = clip_context(got[0], 1)                       # 3 of 4 prompt positions dropped
+    assert c["start"] == 1 and c["ids"].tolist() == list(range(3, 9)) and torch.equal(c["aux"], a["aux"][3:])
