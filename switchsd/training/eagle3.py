@@ -204,7 +204,8 @@ def main(argv=None) -> None:
                     "(the head attends to at most this much context in training; all of it at inference)")
     ap.add_argument("--lm-head-init", choices=["random", "target"], default="random",
                     help="target: the head's lm_head starts as the target's output rows of the draft vocabulary")
-    ap.add_argument("--stage", choices=["all", "data", "train", "export"], default="all")
+    ap.add_argument("--stage", choices=["all", "data", "train", "export", "eval"], default="all",
+                    help="eval: only the validation agreement of --init (or the checkpoint in --work)")
     ap.add_argument("--init", default=None, help="start from this published-format head (its draft vocabulary "
                     "is kept), e.g. to continue training the shipped head on new data")
     args = ap.parse_args(argv)
@@ -274,6 +275,11 @@ def main(argv=None) -> None:
     sched = lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total_steps)))
     state = load_ckpt(work, head, opt) or {"step": 0, "log": []}
     dev_type = lm.device.type
+    if args.stage == "eval":
+        acc = val_agreement(head.eval(), embed, teacher_w, val, args, dev_type)
+        print(json.dumps({"head": args.init or str(work), "val_samples": len(val), "coverage": coverage,
+                          "val_acc": acc}))
+        return
     print(f"{len(train)} train / {len(val)} val samples; draft vocab {args.draft_vocab} covers "
           f"{100 * coverage:.2f}% of response tokens; {total_steps} steps")
     if args.stage in ("all", "train"):

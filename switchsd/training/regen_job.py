@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import signal
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -91,16 +92,12 @@ def teacher_forced_ids(tokenizer, row: dict, max_new: int) -> tuple[list[int], i
 
 
 @torch.inference_mode()
-def teacher_forced(lm, rows: list[dict], layers: tuple[int, int, int], max_new: int, max_prompt: int,
+def teacher_forced(lm, items: list[tuple[str, list[int], int]], layers: tuple[int, int, int],
                    tokens_per_batch: int = 4096):
-    """EAGLE-1's data: one forward over ShareGPT's own answers gives the target's features and distributions
-    there (no decoding). Yields (key, sample) in the regenerated samples' layout."""
+    """Features by one forward over known text: (key, ids, prompt length) -> (key, sample) in the regenerated
+    samples' layout. Over ShareGPT's own answers this is EAGLE-1's data (no decoding); over answers the target
+    wrote before (`--import-answers`) it restores their features."""
     from ..io import length_batches, right_padded
-    items = []
-    for r in rows:
-        got = teacher_forced_ids(lm.tokenizer, r, max_new)
-        if got and got[1] <= max_prompt and len(got[0]) > got[1] + 1:
-            items.append((r["key"], got[0], got[1]))
     for chunk in length_batches(items, lambda it: len(it[1]), tokens_per_batch):
         ids, att = right_padded([it[1] for it in chunk], lm.device)                      # [B, T]
         hs = lm.model(input_ids=ids, attention_mask=att, output_hidden_states=True, logits_to_keep=1).hidden_states
@@ -109,6 +106,23 @@ def teacher_forced(lm, rows: list[dict], layers: tuple[int, int, int], max_new: 
             n = len(seq) - 1
             yield key, {"ids": torch.tensor(seq, dtype=torch.int32), "aux": aux[b, :n].to(torch.float16).clone(),
                         "final": hs[-1][b, :n].to(torch.float16).clone(), "start": start}
+
+
+def export_answers(state: Path, out: Path) -> int:
+    """The regenerated answers (token ids only, gzipped JSONL): what a later session or machine imports."""
+    import gzip
+    rows = read_jsonl(state / "answers.jsonl") if (state / "answers.jsonl").exists() else []
+    with gzip.open(out, "wt") as f:
+        for r in rows:
+            f.write(json.dumps({k: r[k] for k in ("key", "split", "prompt_ids", "completion_ids")}) + "\n")
+    return len(rows)
+
+
+def read_answers(path: Path) -> list[dict]:
+    import gzip
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def main(argv=None) -> None:
@@ -125,6 +139,10 @@ def main(argv=None) -> None:
                     "prompts are skipped: decode cost grows with the widest row)")
     ap.add_argument("--shard", type=int, default=64, help="answers per shard file")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--import-answers", default=None, metavar="FILE", help="answers exported before (gzipped "
+                    "JSONL): their features by one forward each, then regeneration resumes after them")
+    ap.add_argument("--export-answers", default=None, metavar="FILE", help="write the regenerated answers (token "
+                    "ids) to FILE and exit")
     ap.add_argument("--teacher-forced", type=int, default=0, metavar="N", help="instead of answering: features "
                     "over ShareGPT's own answers to N training prompts, taken from the end of the list (EAGLE-1's "
                     "data; split `tf`)")
@@ -133,6 +151,9 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     state = Path(args.state).expanduser()
     state.mkdir(parents=True, exist_ok=True)
+    if args.export_answers:
+        print(f"{export_answers(state, Path(args.export_answers))} answers -> {args.export_answers}")
+        return
     try:
         prompts = sharegpt_prompts(cache=state)
     except MissingDataError as e:
@@ -149,39 +170,58 @@ def main(argv=None) -> None:
     print(f"{len(prompts)} ShareGPT prompts; {len(want) - len(todo)} of {len(want)} wanted already answered; "
           f"state {state}", flush=True)
     layers = default_aux_layers(lm.model.config.num_hidden_layers)
-    if args.teacher_forced:
-        samples = teacher_forced(lm, todo, layers, args.max_new_tokens, args.max_prompt)
+    if args.import_answers:
+        rows = {r["key"]: r for r in read_answers(Path(args.import_answers)) if r["key"] not in done}
+        items = [(p["key"], rows[p["key"]]["prompt_ids"] + rows[p["key"]]["completion_ids"],
+                  len(rows[p["key"]]["prompt_ids"])) for p in todo if p["key"] in rows]
+        todo = [p for p in todo if p["key"] in rows]
+        samples = teacher_forced(lm, items, layers)
+    elif args.teacher_forced:
+        items = [(p["key"], *got) for p in todo if (got := teacher_forced_ids(lm.tokenizer, p, args.max_new_tokens))
+                 and got[1] <= args.max_prompt and len(got[0]) > got[1] + 1]
+        samples = teacher_forced(lm, items, layers)
     else:
+        items = [(p["key"], ids) for p in todo if len(ids := chat_ids(lm.tokenizer, p["messages"])) <= args.max_prompt]
         gen = Regenerator(lm, layers, args.slots, args.max_new_tokens, args.max_prompt)
-        samples = gen.run((p["key"], chat_ids(lm.tokenizer, p["messages"])) for p in todo)
+        samples = gen.run(items)
+    left = Counter(split_of[it[0]] for it in items)      # answers still to come per split: flush a finished split
     prog_path = state / ("progress_tf.json" if args.teacher_forced else "progress.json")
     prog = json.loads(prog_path.read_text()) if prog_path.exists() else {"tokens": 0, "prompt_tokens": 0,
                                                                           "seconds": 0.0, "answers": 0}
     bufs: dict[str, list] = {"val": [], "train": [], "tf": []}
     t0, base = time.time(), dict(prog)
-    bar = tqdm(total=len(todo), desc="ShareGPT answers", unit="answer", smoothing=0.05)
-    for key, sample in samples:
-        split = split_of[key]
-        bufs[split].append((key, sample))
-        prog["tokens"] += len(sample["ids"]) - sample["start"]
-        prog["prompt_tokens"] += sample["start"]
-        prog["answers"] += 1
-        bar.update()
-        if len(bufs[split]) >= args.shard:
+
+    def save(split: str) -> None:
+        if bufs[split]:
             flush(state, split, bufs[split])
             bufs[split] = []
-            prog["seconds"] = base["seconds"] + time.time() - t0
-            disk = sum(f.stat().st_size for f in (state / split).glob("feat_*.safetensors"))
-            prog.update(tok_per_s=prog["tokens"] / prog["seconds"], dtype=args.dtype, slots=args.slots, split=split,
-                        disk_gb=disk / 1e9, disk_gb_per_m_tokens=disk / 1e9 / max(1, prog["tokens"] +
-                                                                                   prog["prompt_tokens"]) * 1e6)
-            write_text_atomic(prog_path, json.dumps(prog, indent=1))
-            bar.set_postfix(tok_s=f"{prog['tok_per_s']:.0f}")
-    for split, buf in bufs.items():
-        if buf:
-            flush(state, split, buf)
-    prog["seconds"] = base["seconds"] + time.time() - t0
-    write_text_atomic(prog_path, json.dumps(prog, indent=1))
+        prog["seconds"] = base["seconds"] + time.time() - t0
+        disk = sum(f.stat().st_size for f in (state / split).glob("feat_*.safetensors"))
+        prog.update(tok_per_s=prog["tokens"] / prog["seconds"], dtype=args.dtype, slots=args.slots, split=split,
+                    disk_gb=disk / 1e9, disk_gb_per_m_tokens=disk / 1e9 / max(1, prog["tokens"] +
+                                                                               prog["prompt_tokens"]) * 1e6)
+        write_text_atomic(prog_path, json.dumps(prog, indent=1))
+
+    def stop(*_):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop)              # `kill` keeps the finished answers of the partial shards
+    bar = tqdm(total=len(items), desc="ShareGPT answers", unit="answer", smoothing=0.05)
+    try:
+        for key, sample in samples:
+            split = split_of[key]
+            bufs[split].append((key, sample))
+            left[split] -= 1
+            prog["tokens"] += len(sample["ids"]) - sample["start"]
+            prog["prompt_tokens"] += sample["start"]
+            prog["answers"] += 1
+            bar.update()
+            if len(bufs[split]) >= args.shard or left[split] == 0:
+                save(split)
+                bar.set_postfix(tok_s=f"{prog['tok_per_s']:.0f}")
+    except KeyboardInterrupt:
+        print("\nstopped: saving the finished answers", flush=True)
+    for split in bufs:
+        save(split) if bufs[split] else None
     bar.close()
     print(json.dumps(prog), flush=True)
 
