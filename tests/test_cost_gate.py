@@ -186,15 +186,22 @@ def test_auto_dtype_reads_the_calibrated_choice(tmp_path, monkeypatch):
 
 
 def test_auto_format_int4_only_for_4bit_models(tmp_path, monkeypatch):
-    """Uncalibrated, a model from a 4-bit GGUF decodes in int4 on CPU and a dense one never does; calibrated,
-    the measured choice wins (its dense fallback for dense models)."""
+    """Uncalibrated, a model from a 4-bit GGUF decodes in int4 on a CPU with native bf16 and a dense one never
+    does (float32 where bf16 is emulated); calibrated, the measured choice wins (its dense fallback for dense
+    models)."""
     import json
 
     from switchsd.target.int4 import available
     from switchsd.target.models import DTYPES, auto_format, dtype_choice_path
     monkeypatch.setenv("SWITCHSD_CACHE", str(tmp_path))
-    assert auto_format("cpu", int4_ok=True) == ("int4" if available() else auto_format("cpu"))
+    from switchsd.target import models
+    native = models.cpu_has_native_bf16()
+    assert auto_format("cpu", int4_ok=True) == ("int4" if available() and native else auto_format("cpu"))
     assert auto_format("cpu") in DTYPES and auto_format("cuda", int4_ok=True) == "bfloat16"
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: False)      # an AVX2-only CPU, uncalibrated
+    assert auto_format("cpu", int4_ok=True) == "float32" and auto_format("cpu") == "float32"
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: True)
+    assert auto_format("cpu", int4_ok=True) == ("int4" if available() else "bfloat16")
     p = dtype_choice_path("cpu")
     p.parent.mkdir(parents=True)
     p.write_text(json.dumps({"fastest": "int4-mixed", "fastest_dense": "float32"}))

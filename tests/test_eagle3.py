@@ -536,3 +536,27 @@ def test_sampled_chain_draws_from_the_q_it_reports(target, trained_head, tempera
     assert chisq_pvalue(counts, {(x,): float(q[x]) for x in range(V)}) > 1e-3
     sharp = q * q / (q * q).sum()
     assert chisq_pvalue(counts, {(x,): float(sharp[x]) for x in range(V)}) < 1e-6
+
+
+def test_regrown_head_keeps_weights_and_shared_lm_head_rows(tmp_path, target, head):
+    """A new draft vocabulary grown from a trained head: the decoder layer, fc and norm are the old head's; the
+    lm_head row of every token both vocabularies hold is the old row, so those logits are unchanged."""
+    from switchsd.drafters.eagle3_model import Eagle3Config
+    from switchsd.training.eagle3 import build_vocab, regrown
+    folder = tmp_path / "h"
+    write_head(folder)
+    old = load_eagle3(str(folder), target).float()
+    n_old = int(old.t2d.sum())
+    samples = [{"ids": torch.arange(V).repeat(2), "start": 0}]
+    extra = torch.zeros(V, dtype=torch.long)
+    extra[:n_old + 4] = 100                                      # the new vocabulary: target ids 0 .. n_old + 3
+    d2t, t2d, cov = build_vocab(samples, n_old + 4, V, extra)
+    assert t2d[:n_old + 4].all() and not t2d[n_old + 4:].any() and cov == pytest.approx((n_old + 4) / V)
+    cfg = Eagle3Config(**{**old.config.__dict__, "draft_vocab_size": n_old + 4})
+    new = regrown(str(folder), target, cfg, d2t, t2d)
+    assert torch.equal(new.fc.weight, old.fc.weight)
+    assert torch.equal(new.midlayer.mlp.down_proj.weight, old.midlayer.mlp.down_proj.weight)
+    old_ids, new_ids = torch.nonzero(old.t2d).flatten().tolist(), torch.nonzero(new.t2d).flatten().tolist()
+    for tok in set(old_ids) & set(new_ids):
+        assert torch.equal(new.lm_head.weight[new_ids.index(tok)], old.lm_head.weight[old_ids.index(tok)])
+    assert len(set(new_ids) - set(old_ids)) > 0

@@ -93,9 +93,10 @@ def cpu_has_native_bf16() -> bool:
 
 def auto_format(device: str, int4_ok: bool = False) -> str:
     """The format that decodes fastest on `device`: bfloat16 on CUDA; on a CPU what `python -m switchsd.calibrate`
-    measured as fastest (an int4 format only for models loaded from a 4-bit GGUF, `int4_ok`); uncalibrated, int4
-    for such models (a quarter of bfloat16's weight bytes: 1.8x faster one-token forwards on the 2-core reference
-    CPU, docs/results.md), else bfloat16 where the CPU has native bf16 and float32 elsewhere."""
+    measured as fastest (an int4 format only for models loaded from a 4-bit GGUF, `int4_ok`); uncalibrated, on a
+    CPU with native bf16 (AVX-512 BF16 / AMX), int4 for such models (a quarter of bfloat16's weight bytes: 1.8x
+    faster one-token forwards on the 2-core reference CPU, docs/results.md) and bfloat16 for the others; float32
+    on other CPUs (int4 computes in bfloat16, which they only emulate; `calibrate` can still measure and pick it)."""
     if device.startswith("cuda"):
         return "bfloat16"
     try:
@@ -105,9 +106,10 @@ def auto_format(device: str, int4_ok: bool = False) -> str:
             return fastest
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    if int4_ok and int4_available():
+    native = cpu_has_native_bf16()
+    if int4_ok and int4_available() and native:      # int4 computes in bfloat16: emulated without AVX-512 BF16
         return "int4"
-    return "bfloat16" if cpu_has_native_bf16() else "float32"
+    return "bfloat16" if native else "float32"
 
 
 def auto_dtype(device: str) -> torch.dtype:

@@ -31,17 +31,40 @@ from .prompts import build_prompts
 from ..target.models import load_model
 
 
-def build_vocab(samples: list[dict], draft_vocab: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """Most frequent response tokens -> (d2t [Vd] offsets, t2d [V] mask, coverage of response tokens)."""
+def build_vocab(samples: list[dict], draft_vocab: int, vocab: int, extra_counts: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Most frequent response tokens (plus `extra_counts`, e.g. ShareGPT's own answers) -> (d2t [Vd] offsets,
+    t2d [V] mask, coverage of the samples' response tokens)."""
     counts = torch.zeros(vocab, dtype=torch.long)
     for s in samples:
         counts += torch.bincount(s["ids"][s["start"]:], minlength=vocab)
-    used = counts.topk(draft_vocab).indices.sort().values
+    rank = counts if extra_counts is None else counts + extra_counts
+    used = rank.topk(draft_vocab).indices.sort().values
     d2t = used - torch.arange(draft_vocab)
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[used] = True
     coverage = float(counts[used].sum() / counts.sum())
     return d2t, t2d, coverage
+
+
+def regrown(init: str, target, cfg: Eagle3Config, d2t: torch.Tensor, t2d: torch.Tensor) -> Eagle3Head:
+    """A head with a new draft vocabulary (d2t / t2d) that starts from the head in `init`: every weight copied,
+    lm_head rows copied for the tokens both vocabularies hold (the others keep their fresh initialisation)."""
+    from ..drafters.eagle3_model import load_eagle3
+    old = load_eagle3(init, target).float()
+    head = Eagle3Head(cfg)
+    head.d2t.copy_(d2t)
+    head.t2d.copy_(t2d)
+    state = {k: v for k, v in old.state_dict().items() if not k.startswith(("lm_head", "d2t", "t2d"))}
+    head.load_state_dict(state, strict=False)
+    new_ids = torch.nonzero(t2d).flatten()                             # target ids, draft-id order
+    old_row = torch.full((t2d.numel(),), -1, dtype=torch.long)
+    old_row[torch.nonzero(old.t2d).flatten()] = torch.arange(int(old.t2d.sum()))
+    src = old_row[new_ids]
+    keep = src >= 0
+    with torch.no_grad():
+        head.lm_head.weight[keep] = old.lm_head.weight[src[keep]]
+    return head.requires_grad_(True).train()
 
 
 def ttt_logits(head: Eagle3Head, embed, ids: torch.Tensor, aux: torch.Tensor, K: int) -> list[torch.Tensor]:
@@ -202,6 +225,8 @@ def main(argv=None) -> None:
                     "samples (ShareGPT's own answers, `regen_sharegpt --teacher-forced`)")
     ap.add_argument("--max-context", type=int, default=256, help="prompt positions kept before each answer "
                     "(the head attends to at most this much context in training; all of it at inference)")
+    ap.add_argument("--revocab", action="store_true", help="with --init: a new draft vocabulary of --draft-vocab "
+                    "tokens from the training answers (weights copied, lm_head rows of shared tokens too)")
     ap.add_argument("--lm-head-init", choices=["random", "target"], default="random",
                     help="target: the head's lm_head starts as the target's output rows of the draft vocabulary")
     ap.add_argument("--stage", choices=["all", "data", "train", "export", "eval"], default="all",
@@ -250,9 +275,17 @@ def main(argv=None) -> None:
         val, train = samples[:n_val], samples[n_val:]
     if args.max_context:
         train, val = [clip_context(s, args.max_context) for s in train], [clip_context(s, args.max_context) for s in val]
-    d2t, t2d, coverage = build_vocab(train, args.draft_vocab, tc.vocab_size)
+    extra_counts = None
+    if args.sharegpt:
+        from .sharegpt import reply_token_counts, sharegpt_prompts
+        extra_counts = reply_token_counts(lm.tokenizer, sharegpt_prompts(cache=Path(args.sharegpt).expanduser()),
+                                          tc.vocab_size)
+    d2t, t2d, coverage = build_vocab(train, args.draft_vocab, tc.vocab_size, extra_counts)
+    val_counts = sum(torch.bincount(s["ids"][s["start"]:], minlength=tc.vocab_size) for s in val)
     cfg = Eagle3Config.for_target(tc, args.draft_vocab, args.rope_theta)
-    if args.init:
+    if args.init and args.revocab:
+        head = regrown(args.init, lm.model, cfg, d2t, t2d)
+    elif args.init:
         from ..drafters.eagle3_model import load_eagle3
         head = load_eagle3(args.init, lm.model).float().requires_grad_(True).train()
         cfg, t2d = head.config, head.t2d.clone()
@@ -280,8 +313,10 @@ def main(argv=None) -> None:
         print(json.dumps({"head": args.init or str(work), "val_samples": len(val), "coverage": coverage,
                           "val_acc": acc}))
         return
-    print(f"{len(train)} train / {len(val)} val samples; draft vocab {args.draft_vocab} covers "
-          f"{100 * coverage:.2f}% of response tokens; {total_steps} steps")
+    val_coverage = float(val_counts[t2d].sum() / val_counts.sum())
+    print(f"{len(train)} train / {len(val)} val samples; draft vocab {int(t2d.sum())} covers "
+          f"{100 * coverage:.2f}% of training and {100 * val_coverage:.2f}% of validation answer tokens; "
+          f"{total_steps} steps")
     if args.stage in ("all", "train"):
         bar = tqdm(total=total_steps, initial=state["step"], desc="TTT training", unit="step")
         epoch = state["step"] // steps_per_epoch
@@ -315,7 +350,7 @@ def main(argv=None) -> None:
     print(f"validation agreement per TTT step ({len(val)} samples): {[round(a, 3) for a in final_val]}")
     meta = {"sharegpt": args.sharegpt and "~/.cache/switchsd/eagle3/sharegpt", "answers": n_base,
             "tf_answers": len(train) - n_base if args.sharegpt else 0,
-            "val_samples": len(val), "val_acc_all": final_val, "max_context": args.max_context,
+            "val_samples": len(val), "val_acc_all": final_val, "val_coverage": val_coverage, "max_context": args.max_context,
             "lm_head_init": args.lm_head_init, "log": state["log"], "target": lm.name, "prompts": args.prompts, "samples": len(samples), "extra": args.extra, "max_new_tokens": args.max_new_tokens,
             "draft_vocab": args.draft_vocab, "coverage": coverage, "ttt": args.ttt, "epochs": args.epochs,
             "lr": args.lr, "steps": state["step"], "val_acc": state["log"][-1]["val_acc"] if state["log"] else None}

@@ -109,12 +109,13 @@ def teacher_forced(lm, items: list[tuple[str, list[int], int]], layers: tuple[in
 
 
 def export_answers(state: Path, out: Path) -> int:
-    """The regenerated answers (token ids only, gzipped JSONL): what a later session or machine imports."""
+    """The regenerated answers (the target's token ids and the prompt's key, no ShareGPT text: the prompt is
+    rebuilt from the package on import), gzipped JSONL: what a later session or machine imports."""
     import gzip
     rows = read_jsonl(state / "answers.jsonl") if (state / "answers.jsonl").exists() else []
     with gzip.open(out, "wt") as f:
         for r in rows:
-            f.write(json.dumps({k: r[k] for k in ("key", "split", "prompt_ids", "completion_ids")}) + "\n")
+            f.write(json.dumps({k: r[k] for k in ("key", "split", "completion_ids")}) + "\n")
     return len(rows)
 
 
@@ -172,8 +173,8 @@ def main(argv=None) -> None:
     layers = default_aux_layers(lm.model.config.num_hidden_layers)
     if args.import_answers:
         rows = {r["key"]: r for r in read_answers(Path(args.import_answers)) if r["key"] not in done}
-        items = [(p["key"], rows[p["key"]]["prompt_ids"] + rows[p["key"]]["completion_ids"],
-                  len(rows[p["key"]]["prompt_ids"])) for p in todo if p["key"] in rows]
+        items = [(p["key"], ids + rows[p["key"]]["completion_ids"], len(ids)) for p in todo if p["key"] in rows
+                 for ids in [chat_ids(lm.tokenizer, p["messages"])]]
         todo = [p for p in todo if p["key"] in rows]
         samples = teacher_forced(lm, items, layers)
     elif args.teacher_forced:
@@ -196,7 +197,8 @@ def main(argv=None) -> None:
             flush(state, split, bufs[split])
             bufs[split] = []
         prog["seconds"] = base["seconds"] + time.time() - t0
-        disk = sum(f.stat().st_size for f in (state / split).glob("feat_*.safetensors"))
+        disk = sum(f.stat().st_size for sp in (("tf",) if split == "tf" else ("val", "train"))
+                   for f in (state / sp).glob("feat_*.safetensors"))
         prog.update(tok_per_s=prog["tokens"] / prog["seconds"], dtype=args.dtype, slots=args.slots, split=split,
                     disk_gb=disk / 1e9, disk_gb_per_m_tokens=disk / 1e9 / max(1, prog["tokens"] +
                                                                                prog["prompt_tokens"]) * 1e6)

@@ -233,3 +233,15 @@ def sharegpt_prompts(f: Filters = Filters(), path: Path | None = None, bench: Be
         tmp.replace(cached)
         (cache / f"sharegpt_prompts_{tag}.json").write_text(json.dumps(stats, indent=1))
     return rows
+
+
+def reply_token_counts(tokenizer, rows: list[dict], vocab: int, batch: int = 2000):
+    """Token counts of ShareGPT's own answers to the training prompts: the draft vocabulary's frequency estimate
+    for chat (millions of tokens in seconds, where the target's own answers are thousands)."""
+    import torch
+    texts = [r["reply"] for r in rows if r["split"] == "train" and r.get("reply")]
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for i in range(0, len(texts), batch):
+        ids = tokenizer(texts[i:i + batch], add_special_tokens=False)["input_ids"]
+        counts += torch.bincount(torch.tensor([t for e in ids for t in e], dtype=torch.long), minlength=vocab)
+    return counts
