@@ -86,6 +86,22 @@ def test_lean_equals_transformers_real(real_lm, dtype):
     _check_model(lm.model, prompt, lm.model.config.vocab_size)
 
 
+def _skip_unless_rows_consistent(lean: LeanLlama) -> None:
+    """Bit-for-bit row equality needs this CPU's 16-bit matrix products to give a row the same rounding whatever
+    the number of rows beside it. On some CPUs (seen on an AMD EPYC with AVX-512 BF16, 2026-12-02) a bfloat16
+    product over K = 1536 (the MLP's down projection) splits its reduction differently for 2+ rows than for one:
+    there no forward can make a verify row equal a one-token step (float32 and int4 are unaffected)."""
+    g = torch.Generator().manual_seed(0)
+    for lin in lean.layers[0][1:]:
+        if not hasattr(lin, "fast") or lin.dtype not in (torch.bfloat16, torch.float16):
+            continue
+        x = torch.randn(1, 32, lin.in_features, generator=g).to(lin.dtype)
+        one = torch.cat([lin.fast(x[:, i:i + 1]) for i in range(32)], 1)
+        if not torch.equal(lin.fast(x), one):
+            pytest.skip(f"this CPU's {lin.dtype} matrix product rounds a row differently when other rows are "
+                        f"present (K = {lin.in_features}): bit-for-bit verify rows cannot hold here")
+
+
 @pytest.mark.real
 @pytest.mark.parametrize("fmt", ["bfloat16", "int4"])
 @torch.inference_mode()
@@ -97,6 +113,7 @@ def test_verify_tree_rows_equal_one_token_steps_bit_for_bit(fmt):
     if fmt == "int4" and not available():
         pytest.skip("no CPU int4 kernel in this torch build")
     lean = LeanTarget(load_model(dtype=fmt, device="cpu").model)
+    _skip_unless_rows_consistent(lean.lean)
     ids = torch.randint(0, 49152, (1, 80), generator=torch.Generator().manual_seed(2))
     tree = build_tree(int(ids[0, -1]), [[11, 12, 13], [11, 14], [15]], budget=16)
 
@@ -129,6 +146,7 @@ def test_verify_chain_equals_one_token_steps_bit_for_bit(fmt):
     if fmt == "int4" and not available():
         pytest.skip("no CPU int4 kernel in this torch build")
     lean = LeanTarget(load_model(dtype=fmt, device="cpu").model, [(4, "attn"), (20, "mlp")])
+    _skip_unless_rows_consistent(lean.lean)
     ids = torch.randint(0, 49152, (1, 90), generator=torch.Generator().manual_seed(1))
     outs = []
     for chained in (False, True):

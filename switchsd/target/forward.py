@@ -69,7 +69,8 @@ class HFTarget:
         if position_ids is None:
             position_ids = torch.arange(before, before + ids.shape[1], device=ids.device)[None]
         # the head over exactly the rows asked for (a matrix product's rounding can depend on its row count)
-        keep = 1 if logit_rows == -1 else 0 if logit_rows is None else torch.arange(logit_rows, device=ids.device)
+        keep = 1 if logit_rows == -1 else 0 if logit_rows is None else \
+            torch.arange(min(logit_rows, ids.shape[1]), device=ids.device)
         out = self.model(input_ids=ids, position_ids=position_ids, attention_mask=mask, cache=cache.hf,
                          use_cache=True, logits_to_keep=keep)
         check_grew(cache, before, ids.shape[1])
