@@ -9,6 +9,7 @@ Every point resumes (the trainer checkpoints; a finished point is skipped); resu
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import subprocess
 import sys
@@ -54,7 +55,7 @@ def main() -> None:
             continue
         if any(r["answers"] == n and r["variant"] == variant for r in rows):
             continue
-        work = state / "scaling" / f"{n}-{abs(hash(variant)) % 10**8}"
+        work = state / "scaling" / f"{n}-{hashlib.sha1(variant.encode()).hexdigest()[:8]}"   # stable across runs
         cmd = [sys.executable, "-m", "switchsd.train_eagle3", "--sharegpt", str(state), "--answers", str(n),
                "--tf-answers", str(args.tf_answers), "--epochs", str(args.epochs), "--lr", str(args.lr),
                "--work", str(work), "--out", str(work / "head")]
