@@ -26,11 +26,13 @@ browser:
 run: setup            ## start the studio on http://127.0.0.1:7860 (offline SmolLM2)
 	$(BIN)/python app.py $(ARGS)
 
+# Two pytest workers (pytest-xdist), one test file each at a time: the tests run single-threaded (tests/conftest.py),
+# so one worker left a core of the 2-core reference machine idle (AVX2-only CPU: 34 min -> 12 min).
 test: setup browser   ## the whole test suite (CPU; GPU tests run when CUDA is present)
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(ARGS)
 
 test-fast: setup      ## skip tests that load the real model
-	$(BIN)/python -m pytest -q -m "not real" $(ARGS)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not real" $(ARGS)
 
 screenshots: setup browser   ## refresh the README's screenshots (docs/img) from the real app in Chromium
 	SWITCHSD_SCREENSHOTS=docs/img $(BIN)/python -m pytest -q tests/test_browser.py

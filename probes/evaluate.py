@@ -43,18 +43,24 @@ def read_prompts(path: str) -> list[dict]:
 
 
 @torch.inference_mode()
-def score_sequences(lm, probe, seqs, n_train: int) -> tuple[torch.Tensor, torch.Tensor]:
-    scores, labels = [], []
+def score_sequences(lm, probe, seqs, n_train: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """seqs [(tokens, start of the completion)] -> (probe scores, copy labels, greedy agreement): the last is the
+    share of completion tokens that are the target's argmax after the tokens before them (1.0 for the target's own
+    greedy completions up to near-ties of a batched product), read from the same forwards."""
+    scores, labels, agree, n = [], [], 0, 0
     with HiddenCapture(lm.model, [probe.site]) as cap:
         for toks, start in tqdm(seqs, desc="probe scores", unit="seq"):
+            rows = torch.arange(max(0, start - 1), len(toks) - 1, device=lm.device)      # predict toks[start:]
+            logits = lm.model(input_ids=torch.tensor([toks], device=lm.device), logits_to_keep=rows).logits[0]
+            agree += int((logits.argmax(-1).cpu() == torch.tensor(toks[len(toks) - len(rows):])).sum())
+            n += len(rows)
             pos, lab = aligned_pairs(toks, start, n_train)
             if not pos:
                 continue
-            lm.model(input_ids=torch.tensor([toks], device=lm.device), logits_to_keep=1)
             h = cap.last[probe.site][0, pos]
             scores.append(probe.scores(h).cpu())
             labels.append(torch.tensor(lab))
-    return torch.cat(scores), torch.cat(labels)
+    return torch.cat(scores), torch.cat(labels), agree / max(1, n)
 
 
 def main(argv=None) -> None:
@@ -75,8 +81,8 @@ def main(argv=None) -> None:
     cache = Path(args.cache) if args.cache else Path(tempfile.mkdtemp()) / "completions.jsonl"
     recs = complete(lm, rows, cache, args.max_new_tokens, chat=not args.no_chat)
     n_train = int(probe.meta.get("n_train", 5))
-    s, y = score_sequences(lm, probe, [(r["prompt_ids"] + r["completion_ids"], len(r["prompt_ids"])) for r in recs],
-                           n_train)
+    s, y, _ = score_sequences(lm, probe, [(r["prompt_ids"] + r["completion_ids"], len(r["prompt_ids"]))
+                                          for r in recs], n_train)
     auc, f1 = roc_auc(s, y), f1_at(s, y, probe.tau)
     bf1, btau = best_f1(s, y)
     print(f"{len(recs)} prompts, {y.numel()} decision positions, {100 * float(y.float().mean()):.1f}% copy")

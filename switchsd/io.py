@@ -2,6 +2,7 @@
 JSONL reading, atomic writes, padded batches and length-bucketed packing."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -13,9 +14,11 @@ T = TypeVar("T")
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    """Every non-blank line of a JSONL file; a bad line raises ValueError naming the file and line."""
+    """Every non-blank line of a JSONL file (gzip-compressed where the name ends in .gz); a bad line raises
+    ValueError naming the file and line."""
     rows = []
-    with open(path, encoding="utf-8") as f:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for i, line in enumerate(f, 1):
             if line.strip():
                 try:

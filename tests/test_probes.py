@@ -1,6 +1,9 @@
 """Copy labels, decision alignment, probe fitting on a planted direction, probe file round trip and checks."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -10,6 +13,7 @@ from probes.fit import fit_probe
 from probes.labels import ALIGN, aligned_pairs, copy_labels
 from probes.metrics import best_f1, f1_at, roc_auc
 from switchsd.core.probe import Probe, ProbeError, load_probe
+from switchsd.io import read_jsonl
 
 
 def spans(labels):
@@ -205,8 +209,27 @@ def test_engine_scores_captured_hidden_state(tiny_model):
         tokens += e.new_tokens
 
 
-def _shipped_probe_auc(lm, rows, tmp_path, max_new_tokens: int) -> tuple[float, float]:
-    """(ROC AUC, copy rate) of the shipped probe on greedy completions of `rows` written by the target."""
+STORED = Path(__file__).parent / "data" / "probe_completions.jsonl.gz"
+
+
+def stored_sets() -> dict[str, tuple[list[dict], int]]:
+    """The held-out prompt sets these tests score -> (rows, new tokens per completion)."""
+    from probes import copydiversity
+    from probes.evaluate import read_prompts
+    sets = {"copydiversity_heldout_12345": (copydiversity.held_out(48, seed=12345), 128)}
+    for name in ("probe_heldout.jsonl", "probe_heldout2.jsonl", "probe_heldout3.jsonl"):
+        sets[name] = (read_prompts(str(Path(__file__).parent / "data" / name)), 64)
+    return sets
+
+
+def _shipped_probe_auc(lm, name: str, tmp_path) -> tuple[float, float]:
+    """(ROC AUC, copy rate) of the shipped probe on greedy completions of set `name` written by the target.
+
+    The completions (token ids) are stored in tests/data/probe_completions.jsonl.gz by
+    `python scripts/probe_test_completions.py`: writing them here was most of these tests' time (about half the
+    suite's on an AVX2-only CPU). They are checked, not trusted: each prompt must encode to the stored prompt ids,
+    and the scoring forwards must find >= 99% of completion tokens to be the target's argmax after their prefix
+    (a batched product can break a rare near-tie otherwise); a missing row is generated afresh."""
     from probes.evaluate import score_sequences
     from probes.features import complete
     from switchsd.factory import DEFAULT_PROBES
@@ -215,12 +238,27 @@ def _shipped_probe_auc(lm, rows, tmp_path, max_new_tokens: int) -> tuple[float, 
     if not path.exists():
         pytest.skip("no shipped probe")
     probe = load_probe(str(path), lm.model)
-    recs = complete(lm, rows, tmp_path / "c.jsonl", max_new_tokens=max_new_tokens, batch=16)
-    s, y = score_sequences(lm, probe, [(r["prompt_ids"] + r["completion_ids"], len(r["prompt_ids"]))
-                                       for r in recs], int(probe.meta["n_train"]))
+    rows, max_new_tokens = stored_sets()[name]
+    cache = tmp_path / "c.jsonl"
+    stored = [r for r in read_jsonl(STORED) if r["set"] == name]
+    prompt = {r["id"]: r["prompt"] for r in rows}
+    for r in stored:
+        assert r["prompt_ids"] == lm.encode(prompt[r["id"]], chat=True), f"{name} row {r['id']} is stale"
+    cache.write_text("".join(json.dumps(r) + "\n" for r in stored))
+    recs = complete(lm, rows, cache, max_new_tokens=max_new_tokens, batch=16)
+    s, y, greedy = score_sequences(lm, probe, [(r["prompt_ids"] + r["completion_ids"], len(r["prompt_ids"]))
+                                              for r in recs], int(probe.meta["n_train"]))
+    assert greedy >= 0.99, f"only {greedy:.3f} of the stored completions' tokens are the target's greedy choice"
     rate = float(y.float().mean())
     assert 0.05 < rate < 0.95, "the held-out set must contain copy and non-copy positions"
     return roc_auc(s, y), rate
+
+
+def test_stored_completions_cover_the_sets():
+    """Every prompt of every scored set has a stored completion (else the real tests below generate it, slowly)."""
+    have = {(r["set"], r["id"]) for r in read_jsonl(STORED)}
+    for name, (rows, _) in stored_sets().items():
+        assert {(name, r["id"]) for r in rows} <= have, name
 
 
 @pytest.mark.real
@@ -228,8 +266,7 @@ def test_shipped_probe_on_held_out_copydiversity(real_lm, tmp_path):
     """48 fresh CopyDiversity prompts of all 32 types (another seed, none in the training set), decision-aligned
     labels, 128 new greedy tokens (to keep the suite under 10 minutes). Measured: AUC 0.938 at 128 tokens;
     0.948 at 192 (6815 positions; validation split 0.945): short answers hold fewer long-range repeats."""
-    from probes import copydiversity
-    auc, _ = _shipped_probe_auc(real_lm, copydiversity.held_out(48, seed=12345), tmp_path, 128)
+    auc, _ = _shipped_probe_auc(real_lm, "copydiversity_heldout_12345", tmp_path)
     assert auc >= 0.93
 
 
@@ -241,11 +278,7 @@ def test_shipped_probe_on_out_of_template_prompts(real_lm, tmp_path, name):
     AUC 0.936, 0.946 and 0.962 (the 32-type CopyDiversity probe: 0.937, 0.944, 0.959; the 17-type one: 0.925 and
     0.931); at 192 tokens 0.940, 0.957 and 0.940. The misses are restatements of the question, copies in a
     changed format and late span edges (see probes/*.md)."""
-    from pathlib import Path
-
-    from probes.evaluate import read_prompts
-    rows = read_prompts(str(Path(__file__).parent / "data" / name))
-    auc, _ = _shipped_probe_auc(real_lm, rows, tmp_path, 64)
+    auc, _ = _shipped_probe_auc(real_lm, name, tmp_path)
     assert auc >= 0.93
 
 

@@ -67,6 +67,32 @@ def build(lm: LoadedModel, prompts: list[str], out: Path, layers: tuple[int, int
 
 
 @torch.inference_mode()
+def forward_features(lm: LoadedModel, items: list[tuple[object, list[int], int]], layers: tuple[int, int, int]
+                     ) -> list[tuple[object, dict]]:
+    """Features by one teacher-forced forward over known sequences (one batch): items (key, ids, prompt length)
+    -> [(key, sample)], a sample as in the shards (`ids` [T] int32, `aux` [T-1, 3H] fp16, `final` [T-1, H] fp16,
+    `start`). The same features as generation would give, at a fraction of the cost."""
+    ids, att = right_padded([it[1] for it in items], lm.device)                 # [B, T]
+    hs = lm.model(input_ids=ids, attention_mask=att, output_hidden_states=True,
+                  logits_to_keep=1).hidden_states                               # (emb, layer outputs.., final normed)
+    aux = torch.cat([hs[i] for i in layers], -1)                                # [B, T, 3H] inputs to the fused layers
+    out = []
+    for b, (key, seq, start) in enumerate(items):
+        n = len(seq) - 1
+        out.append((key, {"ids": torch.tensor(seq, dtype=torch.int32), "aux": aux[b, :n].to(torch.float16).clone(),
+                          "final": hs[-1][b, :n].to(torch.float16).clone(), "start": start}))
+    return out
+
+
+def shard_tensors(samples: list[dict]) -> dict[str, torch.Tensor]:
+    """Samples -> the tensors of one shard file (`{i}.ids`, `{i}.aux`, `{i}.final`, `{i}.start`)."""
+    tensors = {}
+    for i, s in enumerate(samples):
+        tensors.update({f"{i}.ids": s["ids"], f"{i}.aux": s["aux"], f"{i}.final": s["final"],
+                        f"{i}.start": torch.tensor([s["start"]], dtype=torch.int32)})
+    return tensors
+
+
 def from_completions(lm: LoadedModel, jsonl: Path, out: Path, layers: tuple[int, int, int],
                      tokens_per_batch: int = 4096) -> int:
     """Completions already written by the target -> shards in the format above. Returns the sample count."""
@@ -77,19 +103,8 @@ def from_completions(lm: LoadedModel, jsonl: Path, out: Path, layers: tuple[int,
         path = out / f"feat_{si:05d}.safetensors"
         if path.exists():
             continue
-        seqs = [r["prompt_ids"] + r["completion_ids"] for r in chunk]
-        ids, att = right_padded(seqs, lm.device)                          # [B, T]
-        hs = lm.model(input_ids=ids, attention_mask=att, output_hidden_states=True,
-                      logits_to_keep=1).hidden_states                    # (emb, layer outputs.., final normed)
-        aux = torch.cat([hs[i] for i in layers], -1)                     # [B, T, 3H] inputs to the fused layers
-        shard = {}
-        for b, (r, s) in enumerate(zip(chunk, seqs)):
-            n = len(s) - 1
-            shard[f"{b}.ids"] = torch.tensor(s, dtype=torch.int32)
-            shard[f"{b}.aux"] = aux[b, :n].to(torch.float16).contiguous()
-            shard[f"{b}.final"] = hs[-1][b, :n].to(torch.float16).contiguous()
-            shard[f"{b}.start"] = torch.tensor([len(r["prompt_ids"])], dtype=torch.int32)
-        save_safetensors_atomic(shard, path)
+        items = [(b, r["prompt_ids"] + r["completion_ids"], len(r["prompt_ids"])) for b, r in enumerate(chunk)]
+        save_safetensors_atomic(shard_tensors([s for _, s in forward_features(lm, items, layers)]), path)
     return len(rows)
 
 

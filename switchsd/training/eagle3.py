@@ -28,7 +28,7 @@ from ..io import length_batches, save_safetensors_atomic, write_text_atomic
 from ..drafters.eagle3_model import Eagle3Config, Eagle3Head, default_aux_layers, save_eagle3
 from .data import build, from_completions, load_samples
 from .prompts import build_prompts
-from ..target.models import load_model
+from ..target.models import cpu_has_native_bf16, load_model
 
 
 def build_vocab(samples: list[dict], draft_vocab: int, vocab: int, extra_counts: torch.Tensor | None = None
@@ -212,8 +212,9 @@ def main(argv=None) -> None:
     ap.add_argument("--save-every", type=int, default=100)
     ap.add_argument("--val-limit", type=int, default=64, help="validation samples scored at each checkpoint "
                     "(all of them once training ends)")
-    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
-                    help="bfloat16 autocast for the head's matmuls (master weights stay float32)")
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                    help="bfloat16 autocast for the head's matmuls (master weights stay float32); default: on GPUs "
+                    "and on CPUs with native bf16 (AVX-512 BF16 / AMX), off where it would be emulated")
     ap.add_argument("--extra", action="append", default=[], metavar="JSONL",
                     help="more samples the target already wrote (rows with prompt_ids + completion_ids, e.g. "
                     "runs/probes/<m>/copydiversity/completions.jsonl); never pass benchmark completions")
@@ -234,6 +235,8 @@ def main(argv=None) -> None:
     ap.add_argument("--init", default=None, help="start from this published-format head (its draft vocabulary "
                     "is kept), e.g. to continue training the shipped head on new data")
     args = ap.parse_args(argv)
+    if args.bf16 is None:
+        args.bf16 = torch.cuda.is_available() or cpu_has_native_bf16()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     lm = load_model(args.model, dtype=args.gen_dtype if args.stage in ("all", "data") else "float32")

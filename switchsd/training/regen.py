@@ -13,12 +13,10 @@ positions 0..T-2 (the last token is never fed), the layout of `switchsd.training
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Iterable, Iterator
 
 import torch
-import torch.nn.functional as F
-
-import ctypes
 
 from ..serve.batched import BatchedKV, batched_forward
 from ..target.lean import LeanLlama
@@ -86,7 +84,7 @@ class Regenerator:
             mask = torch.zeros(b, 1, 1, S, dtype=lean.dtype, device=dev)
             mask.masked_fill_((torch.arange(S, device=dev)[None] > lens[:, None])[:, None, None], torch.finfo(lean.dtype).min)
             x = torch.tensor([[r["ids"][-1]] for r in active], device=dev)            # [b, 1]
-            logits, cap = decode_step(lean, x, cache, lens, mask, self.sites)
+            logits, cap = batched_forward(lean, x, cache, lens[:, None], mask, self.sites, grouped=True)
             aux, final = self._features(cap, slice(None))                             # [b, 1, 3H], [b, 1, H]
             nxt_tok = logits.argmax(-1).tolist()
             done = []
@@ -108,40 +106,3 @@ class Regenerator:
                     cache.move(last, r)
                     active[r] = active[last]
                 active.pop()
-
-
-@torch.inference_mode()
-def decode_step(lean: LeanLlama, ids: torch.Tensor, cache: BatchedKV, lens: torch.Tensor, mask: torch.Tensor,
-                sites: list) -> tuple[torch.Tensor, dict]:
-    """One token per slot 0..b-1, each after its own `lens[r]` cached positions. ids [b, 1]; mask [b, 1, 1, S]
-    additive (S = max len + 1). Attention as grouped matmuls (no K/V copies): on CPU, SDPA's flash kernel spends
-    ~10 ms per layer on 32 one-token rows over 400 keys, these products well under one. Returns (logits [b, V],
-    {site: [b, 1, d]})."""
-    b = ids.shape[0]
-    S = mask.shape[-1]
-    cache.reserve(S)
-    cos, sin = lean._rotary(lens[:, None])                                      # [b, 1, 1, hd]
-    H, KV, hd = lean.heads, lean.kv_heads, lean.head_dim
-    g = H // KV
-    rr = torch.arange(b, device=ids.device)
-    scale = lean.scale
-    m = mask.view(b, 1, 1, S)
-    want, captured = set(sites), {}
-    x = F.embedding(ids, lean.embed)                                              # [b, 1, d]
-    for i, (n1, qkv, *_) in enumerate(lean.layers):
-        heads = qkv(lean._rms(x, n1)).view(b, 1, H + 2 * KV, hd)
-        qk = lean._rotate(heads[:, :, :H + KV], cos, sin)
-        cache.k[i][rr, :, lens] = qk[:, 0, H:]                                   # [b, KV, hd]
-        cache.v[i][rr, :, lens] = heads[:, 0, H + KV:]
-        keys, values = cache.k[i, :b, :, :S], cache.v[i, :b, :, :S]               # [b, KV, S, hd]
-        q = qk[:, 0, :H].view(b, KV, g, hd)                                       # [b, KV, g, hd]
-        # keys as the left operand keep their cache layout (a transposed right operand is copied first)
-        s_ = keys @ q.transpose(-1, -2)                                           # [b, KV, S, g]
-        if s_.dtype in (torch.bfloat16, torch.float16):
-            s_ = s_.float()
-        w = torch.softmax(s_ * scale + m.transpose(-1, -2), -2).to(q.dtype).transpose(-1, -2).contiguous()  # [b, KV, g, S]
-        att = (w @ values).view(b, H, 1, hd)                                      # [b, H, 1, hd]
-        x = lean._after_attention(i, x, att, want, captured)
-    for r in range(b):
-        cache.lens[r] += 1
-    return lean.head(lean._rms(x[:, 0], lean.norm)), captured

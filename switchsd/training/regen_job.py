@@ -27,8 +27,9 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 
 from ..drafters.eagle3_model import default_aux_layers
-from ..io import read_jsonl, save_safetensors_atomic, write_text_atomic
-from ..target.models import load_model
+from ..io import length_batches, read_jsonl, save_safetensors_atomic, write_text_atomic
+from ..target.models import cpu_has_native_bf16, load_model
+from .data import forward_features, shard_tensors
 from .regen import Regenerator
 from .sharegpt import MissingDataError, sharegpt_prompts
 
@@ -63,11 +64,9 @@ def flush(state: Path, split: str, buf: list[tuple[str, dict]]) -> str:
     folder = state / split
     folder.mkdir(parents=True, exist_ok=True)
     name = f"{split}/feat_{next_shard(folder):05d}.safetensors"
-    tensors = {}
-    for i, (key, s) in enumerate(buf):
-        tensors.update({f"{i}.ids": s["ids"], f"{i}.aux": s["aux"], f"{i}.final": s["final"],
-                        f"{i}.start": torch.tensor([s["start"]], dtype=torch.int32),
-                        f"{i}.key": torch.frombuffer(bytearray(key.encode()), dtype=torch.uint8)})
+    tensors = shard_tensors([s for _, s in buf])
+    for i, (key, _) in enumerate(buf):
+        tensors[f"{i}.key"] = torch.frombuffer(bytearray(key.encode()), dtype=torch.uint8)
     save_safetensors_atomic(tensors, state / name)
     with open(state / answers_file(split), "a") as f:
         for key, s in buf:
@@ -91,21 +90,13 @@ def teacher_forced_ids(tokenizer, row: dict, max_new: int) -> tuple[list[int], i
     return full[:len(prompt) + max_new], len(prompt)
 
 
-@torch.inference_mode()
 def teacher_forced(lm, items: list[tuple[str, list[int], int]], layers: tuple[int, int, int],
                    tokens_per_batch: int = 4096):
     """Features by one forward over known text: (key, ids, prompt length) -> (key, sample) in the regenerated
     samples' layout. Over ShareGPT's own answers this is EAGLE-1's data (no decoding); over answers the target
     wrote before (`--import-answers`) it restores their features."""
-    from ..io import length_batches, right_padded
     for chunk in length_batches(items, lambda it: len(it[1]), tokens_per_batch):
-        ids, att = right_padded([it[1] for it in chunk], lm.device)                      # [B, T]
-        hs = lm.model(input_ids=ids, attention_mask=att, output_hidden_states=True, logits_to_keep=1).hidden_states
-        aux = torch.cat([hs[i] for i in layers], -1)                                    # [B, T, 3H]
-        for b, (key, seq, start) in enumerate(chunk):
-            n = len(seq) - 1
-            yield key, {"ids": torch.tensor(seq, dtype=torch.int32), "aux": aux[b, :n].to(torch.float16).clone(),
-                        "final": hs[-1][b, :n].to(torch.float16).clone(), "start": start}
+        yield from forward_features(lm, chunk, layers)
 
 
 def export_answers(state: Path, out: Path) -> int:
@@ -119,18 +110,11 @@ def export_answers(state: Path, out: Path) -> int:
     return len(rows)
 
 
-def read_answers(path: Path) -> list[dict]:
-    import gzip
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="target (default: offline SmolLM2-135M-Instruct)")
-    ap.add_argument("--dtype", default="bfloat16", help="format the target answers in (bfloat16: the fastest "
-                    "batched decode measured on this CPU; see the head card)")
+    ap.add_argument("--dtype", default=None, help="format the target answers in (default: bfloat16 on CPUs with "
+                    "native bf16, the fastest batched decode measured there; float32 on others, which only emulate it)")
     ap.add_argument("--state", default=str(DEFAULT_STATE))
     ap.add_argument("--answers", type=int, default=20000, help="training answers to reach")
     ap.add_argument("--val", type=int, default=256, help="validation answers (answered first)")
@@ -159,6 +143,7 @@ def main(argv=None) -> None:
         prompts = sharegpt_prompts(cache=state)
     except MissingDataError as e:
         ap.error(str(e))
+    args.dtype = args.dtype or ("bfloat16" if cpu_has_native_bf16() else "float32")
     lm = load_model(args.model, dtype=args.dtype, device="cpu")
     done = done_keys(state, "tf" if args.teacher_forced else "train")
     if args.teacher_forced:
@@ -172,7 +157,7 @@ def main(argv=None) -> None:
           f"state {state}", flush=True)
     layers = default_aux_layers(lm.model.config.num_hidden_layers)
     if args.import_answers:
-        rows = {r["key"]: r for r in read_answers(Path(args.import_answers)) if r["key"] not in done}
+        rows = {r["key"]: r for r in read_jsonl(Path(args.import_answers)) if r["key"] not in done}
         items = [(p["key"], ids + rows[p["key"]]["completion_ids"], len(ids)) for p in todo if p["key"] in rows
                  for ids in [chat_ids(lm.tokenizer, p["messages"])]]
         todo = [p for p in todo if p["key"] in rows]
@@ -193,9 +178,21 @@ def main(argv=None) -> None:
     t0, base = time.time(), dict(prog)
 
     def save(split: str) -> None:
+        """Flush the split's buffer, then count it: progress counts only answers on disk. Imported answers
+        (features recomputed, nothing generated) are counted apart, so tokens/s stays the generation's."""
         if bufs[split]:
             flush(state, split, bufs[split])
+            n = len(bufs[split])
+            if args.import_answers:
+                prog["imported"] = prog.get("imported", 0) + n
+            else:
+                prog["answers"] += n
+                prog["tokens"] += sum(len(s["ids"]) - s["start"] for _, s in bufs[split])
+                prog["prompt_tokens"] += sum(s["start"] for _, s in bufs[split])
             bufs[split] = []
+        if args.import_answers:
+            write_text_atomic(prog_path, json.dumps(prog, indent=1))
+            return
         prog["seconds"] = base["seconds"] + time.time() - t0
         disk = sum(f.stat().st_size for sp in (("tf",) if split == "tf" else ("val", "train"))
                    for f in (state / sp).glob("feat_*.safetensors"))
@@ -213,13 +210,11 @@ def main(argv=None) -> None:
             split = split_of[key]
             bufs[split].append((key, sample))
             left[split] -= 1
-            prog["tokens"] += len(sample["ids"]) - sample["start"]
-            prog["prompt_tokens"] += sample["start"]
-            prog["answers"] += 1
             bar.update()
             if len(bufs[split]) >= args.shard or left[split] == 0:
                 save(split)
-                bar.set_postfix(tok_s=f"{prog['tok_per_s']:.0f}")
+                if "tok_per_s" in prog:
+                    bar.set_postfix(tok_s=f"{prog['tok_per_s']:.0f}")
     except KeyboardInterrupt:
         print("\nstopped: saving the finished answers", flush=True)
     for split in bufs:
