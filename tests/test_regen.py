@@ -55,3 +55,44 @@ def test_shards_round_trip_and_resume_keys(tmp_path):
     assert done_keys(tmp_path) == {"other#0"}
     c = clip_context(got[0], 1)                       # 3 of 4 prompt positions dropped
     assert c["start"] == 1 and c["ids"].tolist() == list(range(3, 9)) and torch.equal(c["aux"], a["aux"][3:])
+
+
+class _ChatTok(_Tok):
+    """A stand-in chat template: the prompt's characters as token ids 2..63 (the tiny model's vocabulary)."""
+    pad_token_id = 0
+
+    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=True):
+        text = "|".join(m["content"] for m in messages)
+        return [2 + ord(c) % 62 for c in text]
+
+
+def test_job_counts_answers_on_disk_resumes_and_imports(tmp_path, tiny_model, monkeypatch):
+    """`python -m switchsd.regen_sharegpt` end to end on a tiny model: progress counts exactly the answers in
+    shards (tokens too), a second run answers nothing again, and exported answers imported into a fresh state
+    give the same shards' token ids, counted as imported (not as generation throughput)."""
+    import json
+
+    from switchsd.training import regen_job
+    lm = LoadedModel(model=tiny_model, tokenizer=_ChatTok(), name="tiny")
+    prompts = [{"key": f"c{i}#0", "split": "val" if i < 2 else "train", "reply": "",
+                "messages": [{"role": "user", "content": "ab" * (i + 2)}]} for i in range(6)]
+    monkeypatch.setattr(regen_job, "load_model", lambda *a, **k: lm)
+    monkeypatch.setattr(regen_job, "sharegpt_prompts", lambda cache=None: prompts)
+    monkeypatch.setattr(regen_job, "default_aux_layers", lambda n: (1, 1, 1))
+    args = ["--val", "2", "--answers", "3", "--slots", "2", "--max-new-tokens", "6", "--shard", "2",
+            "--dtype", "float64"]
+    regen_job.main(["--state", str(tmp_path / "a")] + args)
+    prog = json.loads((tmp_path / "a" / "progress.json").read_text())
+    rows = regen_job.read_jsonl(tmp_path / "a" / "answers.jsonl")
+    assert prog["answers"] == len(rows) == 5 and "imported" not in prog
+    assert prog["tokens"] == sum(len(r["completion_ids"]) for r in rows)
+    assert [len(regen_job.load_split(tmp_path / "a", split)) for split in ("val", "train")] == [2, 3]
+    regen_job.main(["--state", str(tmp_path / "a")] + args)                 # resumes: nothing left to answer
+    assert json.loads((tmp_path / "a" / "progress.json").read_text())["answers"] == 5
+    regen_job.main(["--state", str(tmp_path / "a"), "--export-answers", str(tmp_path / "x.jsonl.gz")])
+    regen_job.main(["--state", str(tmp_path / "b"), "--import-answers", str(tmp_path / "x.jsonl.gz")] + args)
+    prog_b = json.loads((tmp_path / "b" / "progress.json").read_text())
+    assert prog_b["imported"] == 5 and prog_b["answers"] == 0 and prog_b["tokens"] == 0
+    for split in ("val", "train"):
+        a, b = regen_job.load_split(tmp_path / "a", split), regen_job.load_split(tmp_path / "b", split)
+        assert {s["key"]: s["ids"].tolist() for s in a} == {s["key"]: s["ids"].tolist() for s in b}

@@ -185,6 +185,8 @@ def main(argv=None) -> None:
             n = len(bufs[split])
             if args.import_answers:
                 prog["imported"] = prog.get("imported", 0) + n
+                positions = sum(len(s["ids"]) for _, s in bufs[split])
+                prog["imported_positions"] = prog.get("imported_positions", 0) + positions
             else:
                 prog["answers"] += n
                 prog["tokens"] += sum(len(s["ids"]) - s["start"] for _, s in bufs[split])
@@ -196,9 +198,9 @@ def main(argv=None) -> None:
         prog["seconds"] = base["seconds"] + time.time() - t0
         disk = sum(f.stat().st_size for sp in (("tf",) if split == "tf" else ("val", "train"))
                    for f in (state / sp).glob("feat_*.safetensors"))
+        positions = prog["tokens"] + prog["prompt_tokens"] + prog.get("imported_positions", 0)
         prog.update(tok_per_s=prog["tokens"] / prog["seconds"], dtype=args.dtype, slots=args.slots, split=split,
-                    disk_gb=disk / 1e9, disk_gb_per_m_tokens=disk / 1e9 / max(1, prog["tokens"] +
-                                                                               prog["prompt_tokens"]) * 1e6)
+                    disk_gb=disk / 1e9, disk_gb_per_m_tokens=disk / 1e9 / max(1, positions) * 1e6)
         write_text_atomic(prog_path, json.dumps(prog, indent=1))
 
     def stop(*_):
