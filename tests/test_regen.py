@@ -65,16 +65,20 @@ class _ChatTok(_Tok):
         text = "|".join(m["content"] for m in messages)
         return [2 + ord(c) % 62 for c in text]
 
+    def __call__(self, texts, add_special_tokens=False):
+        return {"input_ids": [[2 + ord(c) % 62 for c in t] for t in texts]}
+
 
 def test_job_counts_answers_on_disk_resumes_and_imports(tmp_path, tiny_model, monkeypatch):
     """`python -m switchsd.regen_sharegpt` end to end on a tiny model: progress counts exactly the answers in
-    shards (tokens too), a second run answers nothing again, and exported answers imported into a fresh state
-    give the same shards' token ids, counted as imported (not as generation throughput)."""
+    shards (tokens too), a second run answers nothing again, exported answers imported into a fresh state give the
+    same shards' token ids, counted as imported (not as generation throughput), and a job reading the prompts as
+    exported token ids (`--export-prompt-ids` / `--prompt-ids`, the accelerator's input) writes the same answers."""
     import json
 
     from switchsd.training import regen_job
     lm = LoadedModel(model=tiny_model, tokenizer=_ChatTok(), name="tiny")
-    prompts = [{"key": f"c{i}#0", "split": "val" if i < 2 else "train", "reply": "",
+    prompts = [{"key": f"c{i}#0", "split": "val" if i < 2 else "train", "reply": "xy" * i,
                 "messages": [{"role": "user", "content": "ab" * (i + 2)}]} for i in range(6)]
     monkeypatch.setattr(regen_job, "load_model", lambda *a, **k: lm)
     monkeypatch.setattr(regen_job, "sharegpt_prompts", lambda cache=None: prompts)
@@ -96,3 +100,30 @@ def test_job_counts_answers_on_disk_resumes_and_imports(tmp_path, tiny_model, mo
     for split in ("val", "train"):
         a, b = regen_job.load_split(tmp_path / "a", split), regen_job.load_split(tmp_path / "b", split)
         assert {s["key"]: s["ids"].tolist() for s in a} == {s["key"]: s["ids"].tolist() for s in b}
+    regen_job.main(["--state", str(tmp_path / "a"), "--export-prompt-ids", str(tmp_path / "p")] + args)
+    monkeypatch.setattr(regen_job, "sharegpt_prompts", None)                 # the package is not needed now
+    regen_job.main(["--state", str(tmp_path / "c"), "--prompt-ids", str(tmp_path / "p")] + args)
+    counts = regen_job.load_file(str(tmp_path / "c" / regen_job.REPLY_COUNTS))["counts"]
+    assert int(counts.sum()) == sum(len(p["reply"]) for p in prompts if p["split"] == "train")
+    for split in ("val", "train"):
+        a, c = regen_job.load_split(tmp_path / "a", split), regen_job.load_split(tmp_path / "c", split)
+        assert {s["key"]: s["ids"].tolist() for s in a} == {s["key"]: s["ids"].tolist() for s in c}
+
+
+def test_trainer_reads_reply_counts_from_the_state(tmp_path, monkeypatch):
+    """The trainer ranks its draft vocabulary with the counts in the state folder when present (a machine without
+    the ShareGPT package), and caches the ones it computes there."""
+    from switchsd.io import save_safetensors_atomic
+    from switchsd.training import eagle3, sharegpt
+    from switchsd.training.regen_job import REPLY_COUNTS
+    (tmp_path / "a").mkdir()
+    save_safetensors_atomic({"counts": torch.arange(64)}, tmp_path / "a" / REPLY_COUNTS)
+    monkeypatch.setattr(sharegpt, "sharegpt_prompts", None)
+    lm = LoadedModel(model=None, tokenizer=_ChatTok(), name="tiny")
+    assert torch.equal(eagle3.sharegpt_reply_counts(lm, tmp_path / "a"), torch.arange(64))
+    rows = [{"split": "train", "reply": "ab"}, {"split": "val", "reply": "zz"}]
+    monkeypatch.setattr(sharegpt, "sharegpt_prompts", lambda cache=None: rows)
+    lm.model = type("M", (), {"config": type("C", (), {"vocab_size": 64})()})()
+    got = eagle3.sharegpt_reply_counts(lm, tmp_path)
+    assert int(got.sum()) == 2 and torch.equal(eagle3.sharegpt_reply_counts(lm, tmp_path), got)
+    assert (tmp_path / REPLY_COUNTS).exists()

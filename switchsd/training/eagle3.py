@@ -47,6 +47,19 @@ def build_vocab(samples: list[dict], draft_vocab: int, vocab: int, extra_counts:
     return d2t, t2d, coverage
 
 
+def sharegpt_reply_counts(lm, state: Path) -> torch.Tensor:
+    """ShareGPT's reply token counts [V] (the draft vocabulary's ranking), cached in the job's state folder (where
+    `regen_sharegpt --prompt-ids` also puts them on a machine without the ShareGPT package)."""
+    from .regen_job import REPLY_COUNTS
+    from .sharegpt import reply_token_counts, sharegpt_prompts
+    path = state / REPLY_COUNTS
+    if path.exists():
+        return load_file(str(path))["counts"]
+    counts = reply_token_counts(lm.tokenizer, sharegpt_prompts(cache=state), lm.model.config.vocab_size)
+    save_safetensors_atomic({"counts": counts}, path)
+    return counts
+
+
 def regrown(init: str, target, cfg: Eagle3Config, d2t: torch.Tensor, t2d: torch.Tensor) -> Eagle3Head:
     """A head with a new draft vocabulary (d2t / t2d) that starts from the head in `init`: every weight copied,
     lm_head rows copied for the tokens both vocabularies hold (the others keep their fresh initialisation)."""
@@ -210,6 +223,8 @@ def main(argv=None) -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
     ap.add_argument("--save-every", type=int, default=100)
+    ap.add_argument("--time-budget", type=float, default=None, metavar="MIN", help="train for about MIN minutes: "
+                    "after 10 steps the step count (and its cosine schedule) is cut to what fits")
     ap.add_argument("--val-limit", type=int, default=64, help="validation samples scored at each checkpoint "
                     "(all of them once training ends)")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
@@ -280,9 +295,7 @@ def main(argv=None) -> None:
         train, val = [clip_context(s, args.max_context) for s in train], [clip_context(s, args.max_context) for s in val]
     extra_counts = None
     if args.sharegpt:
-        from .sharegpt import reply_token_counts, sharegpt_prompts
-        extra_counts = reply_token_counts(lm.tokenizer, sharegpt_prompts(cache=Path(args.sharegpt).expanduser()),
-                                          tc.vocab_size)
+        extra_counts = sharegpt_reply_counts(lm, Path(args.sharegpt).expanduser())
     d2t, t2d, coverage = build_vocab(train, args.draft_vocab, tc.vocab_size, extra_counts)
     val_counts = sum(torch.bincount(s["ids"][s["start"]:], minlength=tc.vocab_size) for s in val)
     cfg = Eagle3Config.for_target(tc, args.draft_vocab, args.rope_theta)
@@ -323,6 +336,7 @@ def main(argv=None) -> None:
     if args.stage in ("all", "train"):
         bar = tqdm(total=total_steps, initial=state["step"], desc="TTT training", unit="step")
         epoch = state["step"] // steps_per_epoch
+        t_start, first = time.time(), state["step"]
         while state["step"] < total_steps:
             for bi, batch in enumerate(batches(train, args.tokens_per_batch, random.Random(args.seed + epoch))):
                 if epoch * steps_per_epoch + bi < state["step"]:
@@ -339,6 +353,13 @@ def main(argv=None) -> None:
                 opt.step()
                 state["step"] += 1
                 bar.update()
+                if args.time_budget and state["step"] == first + 10:
+                    # fit the schedule to the budget: the cosine ends when the time does (a lent accelerator's run)
+                    per_step = (time.time() - t_start) / 10
+                    fit = int((args.time_budget * 60 - 10 * per_step) / per_step)
+                    total_steps = max(state["step"], min(total_steps, state["step"] + fit))
+                    bar.total = total_steps
+                    tqdm.write(f"{per_step:.3f} s/step: {total_steps} steps fit the {args.time_budget} min budget")
                 bar.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{accs[0]:.3f}", accK=f"{accs[-1]:.3f}")
                 if state["step"] % args.save_every == 0 or state["step"] == total_steps:
                     vacc = val_agreement(head, embed, teacher_w, val[:args.val_limit], args, dev_type)

@@ -98,8 +98,8 @@ class Regenerator:
             for r in sorted(done, reverse=True):
                 row = active[r]
                 yield row["key"], {"ids": torch.tensor(row["ids"], dtype=torch.int32),
-                                   "aux": torch.cat(row["aux"])[:len(row["ids"]) - 1].contiguous(),
-                                   "final": torch.cat(row["final"])[:len(row["ids"]) - 1].contiguous(),
+                                   "aux": torch.cat(row["aux"])[:len(row["ids"]) - 1].cpu().contiguous(),
+                                   "final": torch.cat(row["final"])[:len(row["ids"]) - 1].cpu().contiguous(),
                                    "start": row["start"]}
                 last = len(active) - 1
                 if r != last:

@@ -16,7 +16,9 @@ answers in flight. The validation split is answered first (`--val`), then traini
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import shutil
 import signal
 import time
 from collections import Counter
@@ -34,6 +36,7 @@ from .regen import Regenerator
 from .sharegpt import MissingDataError, sharegpt_prompts
 
 DEFAULT_STATE = Path.home() / ".cache" / "switchsd" / "eagle3" / "sharegpt"
+PROMPT_IDS, REPLY_COUNTS = "prompt_ids.jsonl.gz", "reply_counts.safetensors"
 
 
 def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -41,6 +44,27 @@ def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
     if hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return [int(t) for t in ids]
+
+
+def prompt_ids(lm, p: dict) -> list[int]:
+    """The prompt in the chat template as token ids (stored ones where the prompt came from --prompt-ids)."""
+    return p["prompt_ids"] if "prompt_ids" in p else chat_ids(lm.tokenizer, p["messages"])
+
+
+def export_prompt_ids(lm, prompts: list[dict], out: Path, args) -> int:
+    """The prompts the job would answer (validation first, then training, <= --max-prompt tokens) as token ids,
+    plus ShareGPT's reply token counts (the draft vocabulary's ranking, switchsd.training.sharegpt)."""
+    from .sharegpt import reply_token_counts
+    out.mkdir(parents=True, exist_ok=True)
+    want = [p for p in prompts if p["split"] == "val"][:args.val] + \
+           [p for p in prompts if p["split"] == "train"][:args.answers]
+    rows = [{"key": p["key"], "split": p["split"], "prompt_ids": ids} for p in want
+            if len(ids := chat_ids(lm.tokenizer, p["messages"])) <= args.max_prompt]
+    with gzip.open(out / PROMPT_IDS, "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    counts = reply_token_counts(lm.tokenizer, prompts, lm.model.config.vocab_size)
+    save_safetensors_atomic({"counts": counts}, out / REPLY_COUNTS)
+    return len(rows)
 
 
 def answers_file(split: str) -> str:
@@ -128,6 +152,13 @@ def main(argv=None) -> None:
                     "JSONL): their features by one forward each, then regeneration resumes after them")
     ap.add_argument("--export-answers", default=None, metavar="FILE", help="write the regenerated answers (token "
                     "ids) to FILE and exit")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (a lent accelerator: the whole job in minutes)")
+    ap.add_argument("--export-prompt-ids", default=None, metavar="DIR", help="write the wanted prompts as token "
+                    "ids (DIR/prompt_ids.jsonl.gz, no ShareGPT text beyond its tokens) and ShareGPT's reply token "
+                    "counts (DIR/reply_counts.safetensors), then exit: what a machine without the ShareGPT package "
+                    "(an accelerator) needs")
+    ap.add_argument("--prompt-ids", default=None, metavar="DIR", help="read the prompts from --export-prompt-ids' "
+                    "DIR instead of the ShareGPT package")
     ap.add_argument("--teacher-forced", type=int, default=0, metavar="N", help="instead of answering: features "
                     "over ShareGPT's own answers to N training prompts, taken from the end of the list (EAGLE-1's "
                     "data; split `tf`)")
@@ -139,12 +170,25 @@ def main(argv=None) -> None:
     if args.export_answers:
         print(f"{export_answers(state, Path(args.export_answers))} answers -> {args.export_answers}")
         return
-    try:
-        prompts = sharegpt_prompts(cache=state)
-    except MissingDataError as e:
-        ap.error(str(e))
-    args.dtype = args.dtype or ("bfloat16" if cpu_has_native_bf16() else "float32")
-    lm = load_model(args.model, dtype=args.dtype, device="cpu")
+    if args.prompt_ids:
+        if args.teacher_forced:
+            ap.error("--teacher-forced needs ShareGPT's answers, which --prompt-ids does not hold")
+        src = Path(args.prompt_ids)
+        prompts = read_jsonl(src / PROMPT_IDS)
+        if (src / REPLY_COUNTS).exists() and not (state / REPLY_COUNTS).exists():
+            shutil.copy(src / REPLY_COUNTS, state / REPLY_COUNTS)
+    else:
+        try:
+            prompts = sharegpt_prompts(cache=state)
+        except MissingDataError as e:
+            ap.error(str(e))
+    native = args.device.startswith("cuda") or cpu_has_native_bf16()
+    args.dtype = args.dtype or ("bfloat16" if native else "float32")
+    lm = load_model(args.model, dtype=args.dtype, device=args.device)
+    if args.export_prompt_ids:
+        out = Path(args.export_prompt_ids)
+        print(f"{export_prompt_ids(lm, prompts, out, args)} prompts -> {out / PROMPT_IDS}")
+        return
     done = done_keys(state, "tf" if args.teacher_forced else "train")
     if args.teacher_forced:
         want = [dict(p, split="tf") for p in prompts if p["split"] == "train"][::-1][:args.teacher_forced]
@@ -159,7 +203,7 @@ def main(argv=None) -> None:
     if args.import_answers:
         rows = {r["key"]: r for r in read_jsonl(Path(args.import_answers)) if r["key"] not in done}
         items = [(p["key"], ids + rows[p["key"]]["completion_ids"], len(ids)) for p in todo if p["key"] in rows
-                 for ids in [chat_ids(lm.tokenizer, p["messages"])]]
+                 for ids in [prompt_ids(lm, p)]]
         todo = [p for p in todo if p["key"] in rows]
         samples = teacher_forced(lm, items, layers)
     elif args.teacher_forced:
@@ -167,7 +211,7 @@ def main(argv=None) -> None:
                  and got[1] <= args.max_prompt and len(got[0]) > got[1] + 1]
         samples = teacher_forced(lm, items, layers)
     else:
-        items = [(p["key"], ids) for p in todo if len(ids := chat_ids(lm.tokenizer, p["messages"])) <= args.max_prompt]
+        items = [(p["key"], ids) for p in todo if len(ids := prompt_ids(lm, p)) <= args.max_prompt]
         gen = Regenerator(lm, layers, args.slots, args.max_new_tokens, args.max_prompt)
         samples = gen.run(items)
     left = Counter(split_of[it[0]] for it in items)      # answers still to come per split: flush a finished split
