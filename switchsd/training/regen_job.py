@@ -51,15 +51,14 @@ def prompt_ids(lm, p: dict) -> list[int]:
     return p["prompt_ids"] if "prompt_ids" in p else chat_ids(lm.tokenizer, p["messages"])
 
 
-def export_prompt_ids(lm, prompts: list[dict], out: Path, args) -> int:
+def export_prompt_ids(lm, prompts: list[dict], out: Path, val: int, answers: int, max_prompt: int) -> int:
     """The prompts the job would answer (validation first, then training, <= --max-prompt tokens) as token ids,
     plus ShareGPT's reply token counts (the draft vocabulary's ranking, switchsd.training.sharegpt)."""
     from .sharegpt import reply_token_counts
     out.mkdir(parents=True, exist_ok=True)
-    want = [p for p in prompts if p["split"] == "val"][:args.val] + \
-           [p for p in prompts if p["split"] == "train"][:args.answers]
+    want = [p for p in prompts if p["split"] == "val"][:val] + [p for p in prompts if p["split"] == "train"][:answers]
     rows = [{"key": p["key"], "split": p["split"], "prompt_ids": ids} for p in want
-            if len(ids := chat_ids(lm.tokenizer, p["messages"])) <= args.max_prompt]
+            if len(ids := chat_ids(lm.tokenizer, p["messages"])) <= max_prompt]
     with gzip.open(out / PROMPT_IDS, "wt", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     counts = reply_token_counts(lm.tokenizer, prompts, lm.model.config.vocab_size)
@@ -187,7 +186,7 @@ def main(argv=None) -> None:
     lm = load_model(args.model, dtype=args.dtype, device=args.device)
     if args.export_prompt_ids:
         out = Path(args.export_prompt_ids)
-        print(f"{export_prompt_ids(lm, prompts, out, args)} prompts -> {out / PROMPT_IDS}")
+        print(f"{export_prompt_ids(lm, prompts, out, args.val, args.answers, args.max_prompt)} prompts -> {out / PROMPT_IDS}")
         return
     done = done_keys(state, "tf" if args.teacher_forced else "train")
     if args.teacher_forced:
