@@ -28,17 +28,23 @@ def main() -> None:
     counted = {"steps": 0, "tokens": 0}
     forward = regen.batched_forward
 
+    class TimeUp(Exception):
+        pass
+
     def counting(lean, x, *a, **k):
+        if time.time() - t0 > seconds:
+            raise TimeUp
         if k.get("grouped"):                       # a decode step (prefills are not counted as new tokens)
             counted["steps"] += 1
             counted["tokens"] += x.shape[0]
         return forward(lean, x, *a, **k)
     regen.batched_forward = counting
     t0, answers = time.time(), 0
-    for _ in gen.run(items):
-        answers += 1
-        if time.time() - t0 > seconds:
-            break
+    try:
+        for _ in gen.run(items):
+            answers += 1
+    except TimeUp:
+        pass
     dt = time.time() - t0
     print(json.dumps({"dtype": dtype, "seconds": round(dt, 1), "decode_steps": counted["steps"],
                       "new_tokens": counted["tokens"], "tok_per_s": round(counted["tokens"] / dt, 1),
