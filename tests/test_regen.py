@@ -114,16 +114,16 @@ def test_trainer_reads_reply_counts_from_the_state(tmp_path, monkeypatch):
     """The trainer ranks its draft vocabulary with the counts in the state folder when present (a machine without
     the ShareGPT package), and caches the ones it computes there."""
     from switchsd.io import save_safetensors_atomic
-    from switchsd.training import eagle3, sharegpt
-    from switchsd.training.regen_job import REPLY_COUNTS
+    from switchsd.training import sharegpt
+    from switchsd.training.regen_job import REPLY_COUNTS, sharegpt_reply_counts
     (tmp_path / "a").mkdir()
     save_safetensors_atomic({"counts": torch.arange(64)}, tmp_path / "a" / REPLY_COUNTS)
     monkeypatch.setattr(sharegpt, "sharegpt_prompts", None)
     lm = LoadedModel(model=None, tokenizer=_ChatTok(), name="tiny")
-    assert torch.equal(eagle3.sharegpt_reply_counts(lm, tmp_path / "a"), torch.arange(64))
+    assert torch.equal(sharegpt_reply_counts(lm, tmp_path / "a"), torch.arange(64))
     rows = [{"split": "train", "reply": "ab"}, {"split": "val", "reply": "zz"}]
     monkeypatch.setattr(sharegpt, "sharegpt_prompts", lambda cache=None: rows)
     lm.model = type("M", (), {"config": type("C", (), {"vocab_size": 64})()})()
-    got = eagle3.sharegpt_reply_counts(lm, tmp_path)
-    assert int(got.sum()) == 2 and torch.equal(eagle3.sharegpt_reply_counts(lm, tmp_path), got)
+    got = sharegpt_reply_counts(lm, tmp_path)
+    assert int(got.sum()) == 2 and torch.equal(sharegpt_reply_counts(lm, tmp_path), got)
     assert (tmp_path / REPLY_COUNTS).exists()

@@ -47,19 +47,6 @@ def build_vocab(samples: list[dict], draft_vocab: int, vocab: int, extra_counts:
     return d2t, t2d, coverage
 
 
-def sharegpt_reply_counts(lm, state: Path) -> torch.Tensor:
-    """ShareGPT's reply token counts [V] (the draft vocabulary's ranking), cached in the job's state folder (where
-    `regen_sharegpt --prompt-ids` also puts them on a machine without the ShareGPT package)."""
-    from .regen_job import REPLY_COUNTS
-    from .sharegpt import reply_token_counts, sharegpt_prompts
-    path = state / REPLY_COUNTS
-    if path.exists():
-        return load_file(str(path))["counts"]
-    counts = reply_token_counts(lm.tokenizer, sharegpt_prompts(cache=state), lm.model.config.vocab_size)
-    save_safetensors_atomic({"counts": counts}, path)
-    return counts
-
-
 def regrown(init: str, target, cfg: Eagle3Config, d2t: torch.Tensor, t2d: torch.Tensor) -> Eagle3Head:
     """A head with a new draft vocabulary (d2t / t2d) that starts from the head in `init`: every weight copied,
     lm_head rows copied for the tokens both vocabularies hold (the others keep their fresh initialisation)."""
@@ -295,6 +282,7 @@ def main(argv=None) -> None:
         train, val = [clip_context(s, args.max_context) for s in train], [clip_context(s, args.max_context) for s in val]
     extra_counts = None
     if args.sharegpt:
+        from .regen_job import sharegpt_reply_counts
         extra_counts = sharegpt_reply_counts(lm, Path(args.sharegpt).expanduser())
     d2t, t2d, coverage = build_vocab(train, args.draft_vocab, tc.vocab_size, extra_counts)
     val_counts = sum(torch.bincount(s["ids"][s["start"]:], minlength=tc.vocab_size) for s in val)

@@ -66,6 +66,18 @@ def export_prompt_ids(lm, prompts: list[dict], out: Path, val: int, answers: int
     return len(rows)
 
 
+def sharegpt_reply_counts(lm, state: Path) -> torch.Tensor:
+    """ShareGPT's reply token counts [V] (the draft vocabulary's ranking), cached in the job's state folder (where
+    `regen_sharegpt --prompt-ids` also puts them on a machine without the ShareGPT package)."""
+    from .sharegpt import reply_token_counts, sharegpt_prompts
+    path = state / REPLY_COUNTS
+    if path.exists():
+        return load_file(str(path))["counts"]
+    counts = reply_token_counts(lm.tokenizer, sharegpt_prompts(cache=state), lm.model.config.vocab_size)
+    save_safetensors_atomic({"counts": counts}, path)
+    return counts
+
+
 def answers_file(split: str) -> str:
     return "answers_tf.jsonl" if split == "tf" else "answers.jsonl"
 
