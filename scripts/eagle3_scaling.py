@@ -5,6 +5,11 @@ each scored by validation agreement per TTT step (the held-out ShareGPT answers)
 
 Every point resumes (the trainer checkpoints; a finished point is skipped); results accumulate in
 `<state>/scaling.json`, one row per (size, variant). Sizes beyond the answers available are skipped.
+
+`--points R+T,...` trains on the first R regenerated and the first T teacher-forced answers (ShareGPT's own,
+`regen_sharegpt --teacher-forced`) per point instead: with `--steps` fixed, the data-source A/B at equal compute
+
+    python scripts/eagle3_scaling.py --points 692+0,0+2798 --steps 24 --init assets/eagle3-smollm2-135m --revocab
 """
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from switchsd.training.regen_job import DEFAULT_STATE, load_split
+from switchsd.training.regen_job import DEFAULT_STATE, split_index
 
 
 def run(cmd: list[str]) -> str:
@@ -39,36 +44,44 @@ def main() -> None:
     ap.add_argument("--sizes", default="2000,5000,10000,20000")
     ap.add_argument("--tf-answers", type=int, default=0, help="teacher-forced samples added to every point")
     ap.add_argument("--init", default=None, help="start every point from this head (default: from scratch)")
+    ap.add_argument("--points", default=None, help="R+T pairs: regenerated + teacher-forced answers per point")
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps per point (default: --epochs')")
+    ap.add_argument("--revocab", action="store_true", help="with --init: a new draft vocabulary (--draft-vocab)")
+    ap.add_argument("--draft-vocab", type=int, default=12288)
     ap.add_argument("--epochs", type=float, default=3)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--mtbench-limit", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     args = ap.parse_args()
     state = Path(args.state).expanduser()
-    have = len(load_split(state, "train"))
+    have = {sp: len(split_index(state, sp)) for sp in ("train", "tf")}
     result_path = state / "scaling.json"
     rows = json.loads(result_path.read_text()) if result_path.exists() else []
-    variant = f"init={args.init or 'scratch'},tf={args.tf_answers},epochs={args.epochs},lr={args.lr}"
-    for n in [int(x) for x in args.sizes.split(",")]:
-        if n > have:
-            print(f"skip {n}: only {have} answers so far", flush=True)
+    variant = (f"init={args.init or 'scratch'},revocab={args.revocab},vocab={args.draft_vocab},epochs={args.epochs},"
+               f"steps={args.steps},lr={args.lr}")
+    points = ([tuple(int(x) for x in p.split("+")) for p in args.points.split(",")] if args.points else
+              [(int(x), args.tf_answers) for x in args.sizes.split(",")])
+    for n, tf in points:
+        if n > have["train"] or tf > have["tf"]:
+            print(f"skip {n}+{tf}: only {have['train']}+{have['tf']} answers so far", flush=True)
             continue
-        if any(r["answers"] == n and r["variant"] == variant for r in rows):
+        if any(r["answers"] == n and r.get("tf_answers", 0) == tf and r["variant"] == variant for r in rows):
             continue
-        work = state / "scaling" / f"{n}-{hashlib.sha1(variant.encode()).hexdigest()[:8]}"   # stable across runs
+        tag = hashlib.sha1(variant.encode()).hexdigest()[:8]
+        work = state / "scaling" / (f"{n}-{tag}" if not tf else f"{n}+{tf}-{tag}")   # stable across runs
         cmd = [sys.executable, "-m", "switchsd.train_eagle3", "--sharegpt", str(state), "--answers", str(n),
-               "--tf-answers", str(args.tf_answers), "--epochs", str(args.epochs), "--lr", str(args.lr),
-               "--work", str(work), "--out", str(work / "head")]
-        if args.init:
-            cmd += ["--init", args.init]
+               "--tf-answers", str(tf), "--epochs", str(args.epochs), "--lr", str(args.lr),
+               "--draft-vocab", str(args.draft_vocab), "--work", str(work), "--out", str(work / "head")]
+        cmd += (["--init", args.init] if args.init else []) + (["--revocab"] if args.revocab else [])
+        cmd += ["--steps", str(args.steps)] if args.steps else []
         meta_line = run(cmd).strip().splitlines()[-1]
         meta = json.loads(meta_line)
         tau = mtbench_tau(work / "head", work / "mtbench", args.mtbench_limit, args.max_new_tokens)
-        rows.append({"answers": n, "variant": variant, "val_acc": meta["val_acc_all"], "mtbench_chain3_tau": tau,
-                     "steps": meta["steps"]})
+        rows.append({"answers": n, "tf_answers": tf, "variant": variant, "val_acc": meta["val_acc_all"],
+                     "mtbench_chain3_tau": tau, "steps": meta["steps"], "log": meta["log"],
+                     "coverage": meta["coverage"], "val_coverage": meta["val_coverage"]})
         result_path.write_text(json.dumps(rows, indent=1))
         print(json.dumps(rows[-1]), flush=True)
-
 
 if __name__ == "__main__":
     main()

@@ -38,6 +38,7 @@ def test_shards_round_trip_and_resume_keys(tmp_path):
     """A finished shard is listed in answers.jsonl and read back whole; a key whose shard is gone is not done."""
     from switchsd.training.eagle3 import clip_context
     from switchsd.training.regen_job import done_keys, flush, load_split
+    from switchsd.training.sharegpt import list_order
     g = torch.Generator().manual_seed(0)
 
     def sample(n, start):
@@ -46,14 +47,23 @@ def test_shards_round_trip_and_resume_keys(tmp_path):
     a, b = sample(9, 4), sample(5, 2)
     name = flush(tmp_path, "train", [("conv#0", a), ("conv#1", b)])
     flush(tmp_path, "val", [("other#0", sample(4, 1))])
+    flush(tmp_path, "train", [(f"more#{i}", sample(3, 1)) for i in range(6)])
     got = load_split(tmp_path, "train")
-    assert [s["key"] for s in got] == ["conv#0", "conv#1"]
-    assert torch.equal(got[0]["aux"], a["aux"]) and got[1]["start"] == 2 and got[0]["ids"].tolist() == list(range(9))
-    assert done_keys(tmp_path) == {"conv#0", "conv#1", "other#0"} and done_keys(tmp_path, "tf") == set()
-    assert len(load_split(tmp_path, "train", limit=1)) == 1
+    keys = [s["key"] for s in got]                 # the prompt list's order, not the order the job finished in
+    assert keys == sorted(keys, key=list_order) and len(keys) == 8 and keys != sorted(keys)
+    got = {s["key"]: s for s in got}
+    assert torch.equal(got["conv#0"]["aux"], a["aux"]) and got["conv#1"]["start"] == 2
+    assert got["conv#0"]["ids"].tolist() == list(range(9))
+    assert done_keys(tmp_path) == {"conv#0", "conv#1", "other#0"} | {f"more#{i}" for i in range(6)}
+    assert done_keys(tmp_path, "tf") == set() and load_split(tmp_path, "train", limit=0) == []
+    assert [s["key"] for s in load_split(tmp_path, "train", limit=3)] == keys[:3]
+    clipped = {s["key"]: s for s in load_split(tmp_path, "train", max_context=1)}["conv#0"]   # clipped as it loads
+    want = clip_context(got["conv#0"], 1)
+    assert clipped["start"] == want["start"] == 1 and torch.equal(clipped["ids"], want["ids"])
+    assert torch.equal(clipped["aux"], want["aux"]) and torch.equal(clipped["final"], want["final"])
     (tmp_path / name).unlink()
-    assert done_keys(tmp_path) == {"other#0"}
-    c = clip_context(got[0], 1)                       # 3 of 4 prompt positions dropped
+    assert done_keys(tmp_path) == {"other#0"} | {f"more#{i}" for i in range(6)}
+    c = clip_context(got["conv#0"], 1)                       # 3 of 4 prompt positions dropped
     assert c["start"] == 1 and c["ids"].tolist() == list(range(3, 9)) and torch.equal(c["aux"], a["aux"][3:])
 
 
@@ -127,3 +137,15 @@ def test_trainer_reads_reply_counts_from_the_state(tmp_path, monkeypatch):
     got = sharegpt_reply_counts(lm, tmp_path)
     assert int(got.sum()) == 2 and torch.equal(sharegpt_reply_counts(lm, tmp_path), got)
     assert (tmp_path / REPLY_COUNTS).exists()
+
+
+def test_teacher_forced_keeps_list_order_by_blocks(monkeypatch):
+    """Teacher-forced items are sorted by length only inside a block, so a job stopped early holds a prefix of
+    the prompt list (a random sample), not its shortest answers."""
+    from switchsd.training import regen_job
+    monkeypatch.setattr(regen_job, "forward_features", lambda lm, chunk, layers: [(it[0], None) for it in chunk])
+    items = [(f"k{i}", [0] * (10 - i), 1) for i in range(10)]          # later items are shorter
+    keys = [k for k, _ in regen_job.teacher_forced(None, items, (0, 0, 0), tokens_per_batch=4, block=4)]
+    assert sorted(keys) == sorted(k for k, *_ in items)
+    assert set(keys[:4]) == {"k0", "k1", "k2", "k3"} and set(keys[4:8]) == {"k4", "k5", "k6", "k7"}
+    assert keys[:4] != ["k0", "k1", "k2", "k3"]                        # sorted by length inside the block

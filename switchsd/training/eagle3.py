@@ -208,6 +208,7 @@ def main(argv=None) -> None:
     ap.add_argument("--ttt", type=int, default=7, help="training-time-test steps K (EAGLE-3's recipe: 7)")
     ap.add_argument("--epochs", type=float, default=3)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default: --epochs' worth)")
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
     ap.add_argument("--save-every", type=int, default=100)
     ap.add_argument("--time-budget", type=float, default=None, metavar="MIN", help="train for about MIN minutes: "
@@ -261,11 +262,12 @@ def main(argv=None) -> None:
     rng = random.Random(args.seed)
     if args.sharegpt:
         from .regen_job import load_split
-        train = load_split(Path(args.sharegpt).expanduser(), "train", args.answers)
+        sg, mc = Path(args.sharegpt).expanduser(), args.max_context or None
+        train = load_split(sg, "train", args.answers, mc)
         n_base = len(train)
         if args.tf_answers:
-            train += load_split(Path(args.sharegpt).expanduser(), "tf", args.tf_answers)
-        val = load_split(Path(args.sharegpt).expanduser(), "val")
+            train += load_split(sg, "tf", args.tf_answers, mc)
+        val = load_split(sg, "val", None, mc)
         if not train or not val:
             raise SystemExit(f"no ShareGPT answers in {args.sharegpt} (train {len(train)}, val {len(val)}): run "
                              "python -m switchsd.regen_sharegpt first")
@@ -307,7 +309,7 @@ def main(argv=None) -> None:
     params = [p for n, p in head.named_parameters()]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     steps_per_epoch = len(batches(train, args.tokens_per_batch, random.Random(0)))
-    total_steps = max(1, int(steps_per_epoch * args.epochs))
+    total_steps = args.steps or max(1, int(steps_per_epoch * args.epochs))
     warm = max(1, total_steps // 50)
     sched = lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total_steps)))
     state = load_ckpt(work, head, opt) or {"step": 0, "log": []}

@@ -126,12 +126,14 @@ def teacher_forced_ids(tokenizer, row: dict, max_new: int) -> tuple[list[int], i
 
 
 def teacher_forced(lm, items: list[tuple[str, list[int], int]], layers: tuple[int, int, int],
-                   tokens_per_batch: int = 4096):
+                   tokens_per_batch: int = 4096, block: int = 256):
     """Features by one forward over known text: (key, ids, prompt length) -> (key, sample) in the regenerated
     samples' layout. Over ShareGPT's own answers this is EAGLE-1's data (no decoding); over answers the target
-    wrote before (`--import-answers`) it restores their features."""
-    for chunk in length_batches(items, lambda it: len(it[1]), tokens_per_batch):
-        yield from forward_features(lm, chunk, layers)
+    wrote before (`--import-answers`) it restores their features. Items go in list order, `block` at a time
+    (sorted by length inside a block only), so a job stopped early holds a random sample, not the shortest."""
+    for lo in range(0, len(items), block):
+        for chunk in length_batches(items[lo:lo + block], lambda it: len(it[1]), tokens_per_batch):
+            yield from forward_features(lm, chunk, layers)
 
 
 def export_answers(state: Path, out: Path) -> int:
@@ -280,18 +282,36 @@ def main(argv=None) -> None:
     print(json.dumps(prog), flush=True)
 
 
-def load_split(state: Path, split: str, limit: int | None = None) -> list[dict]:
-    """Samples of one split in answer order (the first `limit` answers: the data-scaling curve's prefixes)."""
-    out = []
+def split_index(state: Path, split: str) -> list[tuple[int, Path, str, str]]:
+    """(list order, shard, index in shard, key) of every sample of a split, in the prompt list's order (only the
+    keys are read)."""
+    from safetensors import safe_open
+    from .sharegpt import list_order
+    index = []
     for path in sorted((state / split).glob("feat_*.safetensors")):
-        d = load_file(str(path))
-        for b in sorted({k.split(".")[0] for k in d}, key=int):
-            out.append({"ids": d[f"{b}.ids"].long(), "aux": d[f"{b}.aux"], "final": d[f"{b}.final"],
-                        "start": int(d[f"{b}.start"][0]), "key": bytes(d[f"{b}.key"].tolist()).decode()})
-            if limit is not None and len(out) >= limit:
-                return out
-    return out
+        with safe_open(str(path), "pt") as f:
+            for b in {k.split(".")[0] for k in f.keys()}:
+                index.append((list_order(key := bytes(f.get_tensor(f"{b}.key").tolist()).decode()), path, b, key))
+    return sorted(index)
 
+
+def load_split(state: Path, split: str, limit: int | None = None, max_context: int | None = None) -> list[dict]:
+    """Samples of one split, the first `limit` in the prompt list's order (`sharegpt.list_order`: a random
+    sample whatever order the job finished them in; the data-scaling curve's prefixes), each with at most
+    `max_context` prompt positions before its answer, clipped as it loads (the dropped features are never read)."""
+    from safetensors import safe_open
+    index = split_index(state, split)
+    index = index[:limit] if limit is not None else index
+    out = []
+    for path in sorted({it[1] for it in index}):
+        with safe_open(str(path), "pt") as f:
+            for order, _, b, key in (it for it in index if it[1] == path):
+                start = int(f.get_tensor(f"{b}.start")[0])
+                cut = max(0, start - max_context) if max_context is not None else 0
+                out.append((order, {"ids": f.get_tensor(f"{b}.ids")[cut:].long(),
+                                    "aux": f.get_slice(f"{b}.aux")[cut:], "final": f.get_slice(f"{b}.final")[cut:],
+                                    "start": start - cut, "key": key}))
+    return [s for _, s in sorted(out, key=lambda o: o[0])]
 
 if __name__ == "__main__":
     main()

@@ -162,6 +162,11 @@ def _h(s: str) -> int:
     return int.from_bytes(hashlib.sha1(s.encode()).digest()[:8], "big")
 
 
+def list_order(key: str) -> int:
+    """A prompt's place in the list (a hash of its key): any prefix in this order is a random sample."""
+    return _h("order:" + key)
+
+
 def candidate_prompts(records: Iterable[dict], f: Filters) -> Iterator[dict]:
     """Structure, length and language filters; yields {"key", "messages", "split"} (messages end with the user;
     "reply": ShareGPT's own answer to it, or None)."""
@@ -220,7 +225,7 @@ def sharegpt_prompts(f: Filters = Filters(), path: Path | None = None, bench: Be
             stats["benchmark_overlap"][hit] = stats["benchmark_overlap"].get(hit, 0) + 1
             continue
         rows.append(row)
-    rows.sort(key=lambda r: _h("order:" + r["key"]))
+    rows.sort(key=lambda r: list_order(r["key"]))
     stats.update(kept=len(rows), train=sum(r["split"] == "train" for r in rows),
                  val=sum(r["split"] == "val" for r in rows),
                  first_turns=sum(r["key"].endswith("#0") for r in rows))
