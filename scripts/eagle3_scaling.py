@@ -9,7 +9,7 @@ Every point resumes (the trainer checkpoints; a finished point is skipped); resu
 `--points R+T,...` trains on the first R regenerated and the first T teacher-forced answers (ShareGPT's own,
 `regen_sharegpt --teacher-forced`) per point instead: with `--steps` fixed, the data-source A/B at equal compute
 
-    python scripts/eagle3_scaling.py --points 692+0,0+2798 --steps 24 --init assets/eagle3-smollm2-135m --revocab
+    python scripts/eagle3_scaling.py --points 692+0,0+2798 --steps 32 --init assets/eagle3-smollm2-135m --revocab
 """
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps per point (default: --epochs')")
     ap.add_argument("--revocab", action="store_true", help="with --init: a new draft vocabulary (--draft-vocab)")
     ap.add_argument("--draft-vocab", type=int, default=12288)
-    ap.add_argument("--save-every", type=int, default=100, help="checkpoint (and score 64 validation answers) every N steps")
+    ap.add_argument("--save-every", type=int, default=100,
+                    help="checkpoint (and score 64 validation answers) every N steps")
     ap.add_argument("--epochs", type=float, default=3)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--mtbench-limit", type=int, default=20)
@@ -72,7 +73,8 @@ def main() -> None:
         work = state / "scaling" / (f"{n}-{tag}" if not tf else f"{n}+{tf}-{tag}")   # stable across runs
         cmd = [sys.executable, "-m", "switchsd.train_eagle3", "--sharegpt", str(state), "--answers", str(n),
                "--tf-answers", str(tf), "--epochs", str(args.epochs), "--lr", str(args.lr),
-               "--draft-vocab", str(args.draft_vocab), "--save-every", str(args.save_every), "--work", str(work), "--out", str(work / "head")]
+               "--draft-vocab", str(args.draft_vocab), "--save-every", str(args.save_every),
+               "--work", str(work), "--out", str(work / "head")]
         cmd += (["--init", args.init] if args.init else []) + (["--revocab"] if args.revocab else [])
         cmd += ["--steps", str(args.steps)] if args.steps else []
         meta_line = run(cmd).strip().splitlines()[-1]
@@ -83,6 +85,7 @@ def main() -> None:
                      "coverage": meta["coverage"], "val_coverage": meta["val_coverage"]})
         result_path.write_text(json.dumps(rows, indent=1))
         print(json.dumps(rows[-1]), flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -302,10 +302,13 @@ def load_split(state: Path, split: str, limit: int | None = None, max_context: i
     from safetensors import safe_open
     index = split_index(state, split)
     index = index[:limit] if limit is not None else index
+    by_shard: dict[Path, list] = {}
+    for it in index:
+        by_shard.setdefault(it[1], []).append(it)
     out = []
-    for path in sorted({it[1] for it in index}):
+    for path, items in sorted(by_shard.items()):
         with safe_open(str(path), "pt") as f:
-            for order, _, b, key in (it for it in index if it[1] == path):
+            for order, _, b, key in items:
                 start = int(f.get_tensor(f"{b}.start")[0])
                 cut = max(0, start - max_context) if max_context is not None else 0
                 out.append((order, {"ids": f.get_tensor(f"{b}.ids")[cut:].long(),
