@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 from tqdm import tqdm
 
 from ..io import cut_at_eos, length_batches, left_padded, read_jsonl, right_padded, save_safetensors_atomic
@@ -108,11 +108,18 @@ def from_completions(lm: LoadedModel, jsonl: Path, out: Path, layers: tuple[int,
     return len(rows)
 
 
+def read_sample(f, b: str, max_context: int | None = None) -> dict:
+    """Sample `b` of an open shard (`safetensors.safe_open`), with at most `max_context` prompt positions before
+    its answer: the dropped positions' features are never read."""
+    start = int(f.get_tensor(f"{b}.start")[0])
+    cut = max(0, start - max_context) if max_context is not None else 0
+    return {"ids": f.get_tensor(f"{b}.ids")[cut:].long(), "aux": f.get_slice(f"{b}.aux")[cut:],
+            "final": f.get_slice(f"{b}.final")[cut:], "start": start - cut}
+
+
 def load_samples(folder: Path) -> list[dict]:
     samples = []
     for path in sorted(folder.glob("feat_*.safetensors")):
-        d = load_file(str(path))
-        for b in sorted({k.split(".")[0] for k in d}, key=int):
-            samples.append({"ids": d[f"{b}.ids"].long(), "aux": d[f"{b}.aux"], "final": d[f"{b}.final"],
-                            "start": int(d[f"{b}.start"][0])})
+        with safe_open(str(path), "pt") as f:
+            samples += [read_sample(f, b) for b in sorted({k.split(".")[0] for k in f.keys()}, key=int)]
     return samples

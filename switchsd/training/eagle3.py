@@ -280,8 +280,8 @@ def main(argv=None) -> None:
         rng.shuffle(samples)
         n_val = max(1, len(samples) // 20)
         val, train = samples[:n_val], samples[n_val:]
-    if args.max_context:
-        train, val = [clip_context(s, args.max_context) for s in train], [clip_context(s, args.max_context) for s in val]
+        if args.max_context:                     # (ShareGPT splits are clipped as they load)
+            train, val = ([clip_context(s, args.max_context) for s in ss] for ss in (train, val))
     extra_counts = None
     if args.sharegpt:
         from .regen_job import sharegpt_reply_counts

@@ -25,13 +25,14 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from tqdm import tqdm
 
 from ..drafters.eagle3_model import default_aux_layers
 from ..io import length_batches, read_jsonl, save_safetensors_atomic, write_text_atomic
 from ..target.models import cpu_has_native_bf16, load_model
-from .data import forward_features, shard_tensors
+from .data import forward_features, read_sample, shard_tensors
 from .regen import Regenerator
 from .sharegpt import MissingDataError, sharegpt_prompts
 
@@ -285,7 +286,6 @@ def main(argv=None) -> None:
 def split_index(state: Path, split: str) -> list[tuple[int, Path, str, str]]:
     """(list order, shard, index in shard, key) of every sample of a split, in the prompt list's order (only the
     keys are read)."""
-    from safetensors import safe_open
     from .sharegpt import list_order
     index = []
     for path in sorted((state / split).glob("feat_*.safetensors")):
@@ -299,7 +299,6 @@ def load_split(state: Path, split: str, limit: int | None = None, max_context: i
     """Samples of one split, the first `limit` in the prompt list's order (`sharegpt.list_order`: a random
     sample whatever order the job finished them in; the data-scaling curve's prefixes), each with at most
     `max_context` prompt positions before its answer, clipped as it loads (the dropped features are never read)."""
-    from safetensors import safe_open
     index = split_index(state, split)
     index = index[:limit] if limit is not None else index
     by_shard: dict[Path, list] = {}
@@ -308,13 +307,9 @@ def load_split(state: Path, split: str, limit: int | None = None, max_context: i
     out = []
     for path, items in sorted(by_shard.items()):
         with safe_open(str(path), "pt") as f:
-            for order, _, b, key in items:
-                start = int(f.get_tensor(f"{b}.start")[0])
-                cut = max(0, start - max_context) if max_context is not None else 0
-                out.append((order, {"ids": f.get_tensor(f"{b}.ids")[cut:].long(),
-                                    "aux": f.get_slice(f"{b}.aux")[cut:], "final": f.get_slice(f"{b}.final")[cut:],
-                                    "start": start - cut, "key": key}))
+            out += [(order, {**read_sample(f, b, max_context), "key": key}) for order, _, b, key in items]
     return [s for _, s in sorted(out, key=lambda o: o[0])]
+
 
 if __name__ == "__main__":
     main()
