@@ -3,6 +3,8 @@ equals `Eagle3Head.step` on the same inputs, step 0 over the whole sequence and 
 the TTT loss trains; a new head's config comes from the target's."""
 from __future__ import annotations
 
+import json
+
 import torch
 from transformers import LlamaConfig
 
@@ -72,3 +74,34 @@ def test_new_head_config_follows_the_target():
     assert (c.vocab_size, c.draft_vocab_size, c.target_hidden_size, c.rms_norm_eps) == (V, VD, H, 1e-6)
     assert c.rope_theta == 12345.0 and Eagle3Config.for_target(tc, VD, rope_theta=7.0).rope_theta == 7.0
     assert c.layers_for(6) == default_aux_layers(6) == (2, 3, 3)
+
+
+def test_card_names_its_data_and_its_command_reproduces_the_arguments(tmp_path):
+    """The exported head's card says what it was trained on (ShareGPT or the templated prompts), and its
+    'Reproduce' command parses back to the same training arguments."""
+    import shlex
+    from switchsd.training.card import write_card
+    from switchsd.training.eagle3 import parser
+    argv = ["--sharegpt", "~/.cache/switchsd/eagle3/sharegpt", "--answers", "692", "--tf-answers", "2990",
+            "--steps", "200", "--lr", "0.0005", "--draft-vocab", "12288", "--init", "assets/h", "--revocab",
+            "--out", str(tmp_path)]
+    args = parser().parse_args(argv)
+    args.bf16 = False
+    meta = {"source": "sharegpt", "answers": 692, "tf_answers": 2990, "train_samples": 3682, "val_samples": 186,
+            "max_context": 256, "draft_vocab": 12288, "coverage": 0.97, "val_coverage": 0.96, "steps": 200,
+            "val_acc_all": [0.33, 0.28], "log": []}
+    write_card(tmp_path, meta, args, "smollm2")
+    card = (tmp_path / "README.md").read_text()
+    assert "ShareGPT" in card and "692 prompts" in card and "2990 of ShareGPT's own answers" in card
+    assert "templates" not in card and "0.330, 0.280" in card
+    cmd = card.split("Reproduce: `")[1].split("`")[0]
+    again = parser().parse_args(shlex.split(cmd)[3:])
+    for k in ("sharegpt", "answers", "tf_answers", "steps", "lr", "draft_vocab", "init", "revocab", "out", "ttt"):
+        assert getattr(again, k) == getattr(args, k), k
+    meta = {**meta, "source": "folder", "answers": 1152, "tf_answers": 0}
+    args = parser().parse_args(["--prompts", "1152", "--out", str(tmp_path)])
+    args.bf16 = False
+    write_card(tmp_path, meta, args, "smollm2")
+    card = (tmp_path / "README.md").read_text()
+    assert "ShareGPT" not in card and "1152 prompts of `switchsd/training/prompts.py`" in card
+    assert json.loads((tmp_path / "training.json").read_text())["source"] == "folder"

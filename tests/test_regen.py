@@ -36,7 +36,7 @@ def test_regenerator_answers_are_greedy_and_features_are_the_targets(tiny_model,
 
 def test_shards_round_trip_and_resume_keys(tmp_path):
     """A finished shard is listed in answers.jsonl and read back whole; a key whose shard is gone is not done."""
-    from switchsd.training.eagle3 import clip_context
+    from switchsd.training.sources import clip_context
     from switchsd.training.regen_job import done_keys, flush, load_split
     from switchsd.training.sharegpt import list_order
     g = torch.Generator().manual_seed(0)

@@ -2,9 +2,11 @@
 
     python -m switchsd.train_eagle3 --model smollm2-135m-instruct --work runs/eagle3 \
         --prompts 2000 --epochs 3 --out assets/eagle3-smollm2-135m
+    python -m switchsd.train_eagle3 --sharegpt ~/.cache/switchsd/eagle3/sharegpt --steps 200 --out runs/head
 
 Stages (each resumes): 1. the target answers a varied prompt set (switchsd.training.prompts, never benchmark
-questions) and its fused features are cached (switchsd.training.data); 2. a reduced draft vocabulary from token
+questions) and its fused features are cached (switchsd.training.data), or the samples come from the ShareGPT
+job's state (switchsd.training.sources); 2. a reduced draft vocabulary from token
 counts (d2t / t2d); 3. training-time test (TTT): K chained steps, step k feeding the head its own previous
 output, attention = causal keys of step 0 + same-position keys of steps 1..k (as at inference, where a
 depth-k node sees the context and its own chain); soft cross-entropy against the target's distribution
@@ -26,7 +28,9 @@ from tqdm import tqdm
 
 from ..io import length_batches, save_safetensors_atomic, write_text_atomic
 from ..drafters.eagle3_model import Eagle3Config, Eagle3Head, default_aux_layers, save_eagle3
-from .data import build, from_completions, load_samples
+from .card import write_card
+from .data import build, from_completions
+from .sources import folder_data, sharegpt_data
 from .prompts import build_prompts
 from ..target.models import cpu_has_native_bf16, load_model
 
@@ -138,15 +142,6 @@ def ttt_loss(head: Eagle3Head, embed, teacher_w: torch.Tensor, batch: list[dict]
     return total, accs, count
 
 
-def clip_context(s: dict, keep: int) -> dict:
-    """The sample with at most `keep` prompt positions before its answer (features are per position, so a
-    clipped sample is the same positions' features, seen with less context by the head)."""
-    cut = max(0, s["start"] - keep)
-    if cut == 0:
-        return s
-    return {**s, "ids": s["ids"][cut:], "aux": s["aux"][cut:], "final": s["final"][cut:], "start": s["start"] - cut}
-
-
 def batches(samples: list[dict], tokens_per_batch: int, rng: random.Random) -> list[list[dict]]:
     out = length_batches(samples, lambda s: len(s["ids"]), tokens_per_batch)
     rng.shuffle(out)
@@ -188,7 +183,7 @@ def load_ckpt(work: Path, head: Eagle3Head, opt: torch.optim.Optimizer) -> dict 
     return state
 
 
-def main(argv=None) -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", "--target", dest="model", default=None,
                     help="target model (default: offline SmolLM2-135M-Instruct); --target is the old name")
@@ -237,7 +232,11 @@ def main(argv=None) -> None:
                     help="eval: only the validation agreement of --init (or the checkpoint in --work)")
     ap.add_argument("--init", default=None, help="start from this published-format head (its draft vocabulary "
                     "is kept), e.g. to continue training the shipped head on new data")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> None:
+    args = parser().parse_args(argv)
     if args.bf16 is None:
         args.bf16 = torch.cuda.is_available() or cpu_has_native_bf16()
     work = Path(args.work)
@@ -254,39 +253,14 @@ def main(argv=None) -> None:
             lm = load_model(args.model, dtype="float32")
         for i, path in enumerate(args.extra):
             from_completions(lm, Path(path), work / f"extra_{i}", layers)
-        if args.stage == "data":
-            return
     if args.stage == "data":
         return
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    if args.sharegpt:
-        from .regen_job import load_split
-        sg, mc = Path(args.sharegpt).expanduser(), args.max_context or None
-        train = load_split(sg, "train", args.answers, mc)
-        n_base = len(train)
-        if args.tf_answers:
-            train += load_split(sg, "tf", args.tf_answers, mc)
-        val = load_split(sg, "val", None, mc)
-        if not train or not val:
-            raise SystemExit(f"no ShareGPT answers in {args.sharegpt} (train {len(train)}, val {len(val)}): run "
-                             "python -m switchsd.regen_sharegpt first")
-        samples = train + val
-    else:
-        samples = load_samples(work / "data")
-        n_base = len(samples)
-        for i in range(len(args.extra)):
-            samples += load_samples(work / f"extra_{i}")
-        rng.shuffle(samples)
-        n_val = max(1, len(samples) // 20)
-        val, train = samples[:n_val], samples[n_val:]
-        if args.max_context:                     # (ShareGPT splits are clipped as they load)
-            train, val = ([clip_context(s, args.max_context) for s in ss] for ss in (train, val))
-    extra_counts = None
-    if args.sharegpt:
-        from .regen_job import sharegpt_reply_counts
-        extra_counts = sharegpt_reply_counts(lm, Path(args.sharegpt).expanduser())
-    d2t, t2d, coverage = build_vocab(train, args.draft_vocab, tc.vocab_size, extra_counts)
+    data = (sharegpt_data(lm, Path(args.sharegpt).expanduser(), args.answers, args.tf_answers, args.max_context or None)
+            if args.sharegpt else folder_data(work, len(args.extra), rng, args.max_context))
+    train, val = data.train, data.val
+    d2t, t2d, coverage = build_vocab(train, args.draft_vocab, tc.vocab_size, data.extra_counts)
     val_counts = sum(torch.bincount(s["ids"][s["start"]:], minlength=tc.vocab_size) for s in val)
     cfg = Eagle3Config.for_target(tc, args.draft_vocab, args.rope_theta)
     if args.init and args.revocab:
@@ -350,7 +324,7 @@ def main(argv=None) -> None:
                     total_steps = max(state["step"], min(total_steps, state["step"] + fit))
                     bar.total = total_steps
                     tqdm.write(f"{per_step:.3f} s/step: {total_steps} steps fit the {args.time_budget} min budget")
-                bar.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{accs[0]:.3f}", accK=f"{accs[-1]:.3f}")
+                bar.set_postfix(loss=f"{loss.item():.3f}", acc0=f"{accs[0]:.3f}", accK=f"{accs[-1]:.3f}")
                 if state["step"] % args.save_every == 0 or state["step"] == total_steps:
                     vacc = val_agreement(head, embed, teacher_w, val[:args.val_limit], args, dev_type)
                     state["log"].append({"step": state["step"], "val_acc": vacc, "time": time.time()})
@@ -362,37 +336,14 @@ def main(argv=None) -> None:
     save_eagle3(head, out, torch.bfloat16)
     final_val = val_agreement(head.eval(), embed, teacher_w, val, args, dev_type)
     print(f"validation agreement per TTT step ({len(val)} samples): {[round(a, 3) for a in final_val]}")
-    meta = {"sharegpt": args.sharegpt and "~/.cache/switchsd/eagle3/sharegpt", "answers": n_base,
-            "tf_answers": len(train) - n_base if args.sharegpt else 0,
-            "val_samples": len(val), "val_acc_all": final_val, "val_coverage": val_coverage, "max_context": args.max_context,
-            "lm_head_init": args.lm_head_init, "log": state["log"], "target": lm.name, "prompts": args.prompts, "samples": len(samples), "extra": args.extra, "max_new_tokens": args.max_new_tokens,
-            "draft_vocab": args.draft_vocab, "coverage": coverage, "ttt": args.ttt, "epochs": args.epochs,
-            "lr": args.lr, "steps": state["step"], "val_acc": state["log"][-1]["val_acc"] if state["log"] else None}
-    (out / "training.json").write_text(json.dumps(meta, indent=1))
-    acc = ", ".join(f"{a:.3f}" for a in (meta["val_acc"] or []))
-    extra = "".join(f"; plus the target's own completions in `{p}` (features by one teacher-forced forward)"
-                    for p in args.extra)
-    if args.init:
-        extra += f"; initialised from the head in `{args.init}`"
-    (out / "README.md").write_text(f"""# EAGLE-3 head for {lm.name}
-
-Published EAGLE-3 layout (`config.json` + `model.safetensors`, bf16; keys fc, midlayer.*, norm, lm_head, d2t, t2d;
-the embedding comes from the target). Loads with `switchsd.drafters.eagle3_model.load_eagle3`.
-
-- Data: self-distillation. The target answered {n_base} prompts of `switchsd/training/prompts.py` (templates
-  over writing, roleplay, reasoning, math, coding, extraction, STEM, humanities; never benchmark questions),
-  greedy, up to {args.max_new_tokens} new tokens{extra}; {len(train)} train / {len(val)} validation samples.
-- Draft vocabulary: the {cfg.draft_vocab_size} most frequent response tokens (coverage {100 * coverage:.2f}%).
-- Training: training-time test with {args.ttt} steps (loss weights 0.8^k), soft cross-entropy against the target's
-  distribution on the draft vocabulary, AdamW lr {args.lr} cosine, {state['step']} steps (~{args.epochs} epochs),
-  bf16 autocast={args.bf16}, on CPU.
-- Validation accuracy (top-1 agreement with the target) per TTT step: {acc}.
-- Measured speed and tau: see docs/results.md (the command is recorded there).
-
-Reproduce: `python -m switchsd.train_eagle3 --prompts {args.prompts} --epochs {args.epochs} --ttt {args.ttt} \
---lr {args.lr} --draft-vocab {args.draft_vocab} --out {args.out}{"".join(" --extra " + p for p in args.extra)}\
-{" --init " + args.init if args.init else ""}`
-""")
+    meta = {"source": data.source, "target": lm.name, "answers": data.n_base,
+            "tf_answers": len(train) - data.n_base if args.sharegpt else 0, "extra": args.extra,
+            "train_samples": len(train), "val_samples": len(val), "max_context": args.max_context,
+            "draft_vocab": int(t2d.sum()), "coverage": coverage, "val_coverage": val_coverage,
+            "lm_head_init": args.lm_head_init, "init": args.init, "revocab": args.revocab, "ttt": args.ttt,
+            "epochs": args.epochs, "lr": args.lr, "steps": state["step"], "val_acc_all": final_val,
+            "val_acc": state["log"][-1]["val_acc"] if state["log"] else None, "log": state["log"]}
+    write_card(out, meta, args, lm.name)
     print(json.dumps(meta))
 
 
