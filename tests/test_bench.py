@@ -179,3 +179,22 @@ def test_default_data_files_are_found_next_to_the_checkout(tmp_path, monkeypatch
     (tmp_path / datasets.DEFAULT_FILES["math500"]).write_text("")
     monkeypatch.setenv("SWITCHSD_DATA", str(tmp_path))
     assert datasets._find("math500", None) == tmp_path / datasets.DEFAULT_FILES["math500"]
+
+
+def test_acceptance_per_draft_position():
+    """Position k counts the steps whose draft reached depth k with k-1 tokens accepted; a miss ends the tries.
+    Chains of 3: accepted 0, 2 and 3 tokens -> position 1: 2/3, position 2: 2/2, position 3: 1/2."""
+    from switchsd.core.events import StepEvent, draft_depth, summarize
+    chain = [-1, 0, 1, 2]
+    ev = lambda acc, parents=chain, path="neural": StepEvent(
+        step=0, path=path, drafter=None, candidates=[], tree_tokens=[0] * len(parents), tree_parents=parents,
+        accepted_rows=[], accepted=[7] * acc, accepted_candidate=None, bonus=1, new_tokens=[7] * acc + [1],
+        position=0)
+    assert draft_depth([-1, 0, 0, 1, 2, 4]) == 3 and draft_depth([-1]) == 0
+    s = summarize([ev(0), ev(2), ev(3), ev(0, [-1], "vanilla")])
+    assert s["paths"]["neural"]["tried"] == [3, 2, 2] and s["paths"]["neural"]["hit"] == [2, 2, 1]
+    assert s["paths"]["vanilla"]["tried"] == []
+    recs = [{"id": i, "token_ids": [], "stats": s} for i in "ab"]
+    agg = aggregate(recs, {"a": [], "b": []})
+    assert agg["paths"]["neural"]["accept_at"] == pytest.approx([2 / 3, 1.0, 0.5])
+    assert "accept_at" not in agg["paths"]["vanilla"]

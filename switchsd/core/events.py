@@ -4,6 +4,8 @@ Definitions (as in the paper's Table 1 and Spec-Bench):
 - tok_per_fwd (tokens per forward): committed tokens per target forward, bonus included (vanilla = 1.0); prefill not counted.
 - per path: % of iterations, and MAL = mean accepted *draft* tokens per step of that path (bonus excluded).
 - Tok/s: new tokens / wall time of the whole generation (prefill included).
+- per path, acceptance at draft position k (1-based): of the steps whose draft reached depth k with its first k-1
+  tokens accepted (`tried[k-1]`), the share that accepted the k-th too (`hit[k-1]`): EAGLE's per-position rate.
 """
 from __future__ import annotations
 
@@ -47,6 +49,15 @@ class StepEvent:
         return d
 
 
+def draft_depth(parents: list[int]) -> int:
+    """Depth of the deepest drafted node of a verify tree (row 0 = the pending token, parents before children)."""
+    depth = [0] * len(parents)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            depth[i] = depth[p] + 1
+    return max(depth, default=0)
+
+
 def summarize(events: Iterable[StepEvent], wall_s: float | None = None) -> dict:
     """Stats of one generation. `wall_s` defaults to the sum of step and prefill timings."""
     events = list(events)
@@ -56,8 +67,15 @@ def summarize(events: Iterable[StepEvent], wall_s: float | None = None) -> dict:
         wall_s = sum(e.timings.get("total", 0.0) + e.timings.get("prefill", 0.0) for e in events)
     paths: dict[str, dict] = {}
     for e in events:
-        p = paths.setdefault(e.path, {"steps": 0, "accepted": 0, "drafted": 0, "zero": 0})
+        p = paths.setdefault(e.path, {"steps": 0, "accepted": 0, "drafted": 0, "zero": 0, "tried": [], "hit": []})
         p["steps"] += 1
+        reach = min(draft_depth(e.tree_parents), len(e.accepted) + 1)   # positions tried: up to the first miss
+        for k in range(reach):
+            if k == len(p["tried"]):
+                p["tried"].append(0)
+                p["hit"].append(0)
+            p["tried"][k] += 1
+            p["hit"][k] += k < len(e.accepted)
         p["zero"] += not e.accepted     # drafts of which nothing was accepted (the speculation tax)
         p["accepted"] += len(e.accepted)
         p["drafted"] += len(e.tree_tokens) - 1

@@ -49,10 +49,15 @@ def aggregate(records: list[dict], vanilla_ids: dict) -> dict:
     paths: dict[str, dict] = {}
     for r in records:
         for name, p in r["stats"]["paths"].items():
-            a = paths.setdefault(name, {"steps": 0, "accepted": 0, "zero": 0})
+            a = paths.setdefault(name, {"steps": 0, "accepted": 0, "zero": 0, "tried": [], "hit": []})
             a["steps"] += p["steps"]
             a["accepted"] += p["accepted"]
             a["zero"] += p.get("zero", 0)
+            for key in ("tried", "hit"):                  # per draft position (switchsd.core.events)
+                got = p.get(key, [])
+                a[key] += [0] * (len(got) - len(a[key]))
+                for k, n in enumerate(got):
+                    a[key][k] += n
     return {
         "tok_s": statistics.mean(rates) if rates else 0.0,
         "tok_s_total": tokens / wall if wall else 0.0,
@@ -61,7 +66,8 @@ def aggregate(records: list[dict], vanilla_ids: dict) -> dict:
         "identical": sum(r["token_ids"] == vanilla_ids[r["id"]] for r in records),
         "n": len(records),
         "paths": {k: {"pct": 100.0 * v["steps"] / steps, "mal": v["accepted"] / v["steps"],
-                      "zero_accept": v["zero"] / v["steps"]}
+                      "zero_accept": v["zero"] / v["steps"],
+                      **({"accept_at": [h / t for h, t in zip(v["hit"], v["tried"])]} if v["tried"] else {})}
                   for k, v in sorted(paths.items())},
     }
 
