@@ -29,13 +29,15 @@ def run(cmd: list[str]) -> str:
     return out.stdout
 
 
-def mtbench_tau(head: Path, out: Path, limit: int, max_new: int) -> float:
-    """Tokens per target forward of EAGLE-3 chain 3 on MT-Bench first turns (the bench's last line is JSON)."""
+def mtbench_tau(head: Path, out: Path, limit: int, max_new: int) -> tuple[float, int]:
+    """Tokens per target forward of EAGLE-3 chain 3 on MT-Bench first turns (the bench's last line is JSON), and
+    the verify budget it ran with (a calibration measured under load can cap the chain: keep it in sight)."""
     last = run([sys.executable, "-m", "switchsd.bench", "--dataset", "mtbench", "--limit", str(limit),
                 "--max-new-tokens", str(max_new), "--methods", "eagle3@chain3", "--eagle", str(head),
                 "--out", str(out)]).strip().splitlines()[-1]
     methods = json.loads(last)["methods"]
-    return float(methods["eagle3@chain3"]["tok_per_fwd"])          # the bench adds vanilla as its reference row
+    budget = json.loads((out / "results.json").read_text())["meta"]["budget"]
+    return float(methods["eagle3@chain3"]["tok_per_fwd"]), budget    # the bench adds vanilla as its reference row
 
 
 def main() -> None:
@@ -79,9 +81,9 @@ def main() -> None:
         cmd += ["--steps", str(args.steps)] if args.steps else []
         meta_line = run(cmd).strip().splitlines()[-1]
         meta = json.loads(meta_line)
-        tau = mtbench_tau(work / "head", work / "mtbench", args.mtbench_limit, args.max_new_tokens)
+        tau, budget = mtbench_tau(work / "head", work / "mtbench", args.mtbench_limit, args.max_new_tokens)
         rows.append({"answers": n, "tf_answers": tf, "variant": variant, "val_acc": meta["val_acc_all"],
-                     "mtbench_chain3_tau": tau, "steps": meta["steps"], "log": meta["log"],
+                     "mtbench_chain3_tau": tau, "mtbench_budget": budget, "steps": meta["steps"], "log": meta["log"],
                      "coverage": meta["coverage"], "val_coverage": meta["val_coverage"]})
         result_path.write_text(json.dumps(rows, indent=1))
         print(json.dumps(rows[-1]), flush=True)
