@@ -58,6 +58,14 @@ def draft_depth(parents: list[int]) -> int:
     return max(depth, default=0)
 
 
+def add_counts(into: list[int], counts: Iterable[int]) -> None:
+    """into[k] += counts[k], growing `into` as needed (per-position counters of different lengths)."""
+    for k, n in enumerate(counts):
+        if k == len(into):
+            into.append(0)
+        into[k] += n
+
+
 def summarize(events: Iterable[StepEvent], wall_s: float | None = None) -> dict:
     """Stats of one generation. `wall_s` defaults to the sum of step and prefill timings."""
     events = list(events)
@@ -70,12 +78,8 @@ def summarize(events: Iterable[StepEvent], wall_s: float | None = None) -> dict:
         p = paths.setdefault(e.path, {"steps": 0, "accepted": 0, "drafted": 0, "zero": 0, "tried": [], "hit": []})
         p["steps"] += 1
         reach = min(draft_depth(e.tree_parents), len(e.accepted) + 1)   # positions tried: up to the first miss
-        for k in range(reach):
-            if k == len(p["tried"]):
-                p["tried"].append(0)
-                p["hit"].append(0)
-            p["tried"][k] += 1
-            p["hit"][k] += k < len(e.accepted)
+        add_counts(p["tried"], [1] * reach)
+        add_counts(p["hit"], [1] * min(reach, len(e.accepted)))
         p["zero"] += not e.accepted     # drafts of which nothing was accepted (the speculation tax)
         p["accepted"] += len(e.accepted)
         p["drafted"] += len(e.tree_tokens) - 1

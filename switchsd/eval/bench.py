@@ -32,6 +32,7 @@ from ..cli.common import (Neural, add_decode_args, add_model_args, add_neural_ar
 from .datasets import DATASETS, load_prompts
 from ..drafters.oracle import OracleDrafter
 from ..core.engine import Engine
+from ..core.events import add_counts
 from ..core.methods import METHODS
 from .mismatch import explain, summarize_mismatches
 from ..io import write_text_atomic
@@ -54,10 +55,7 @@ def aggregate(records: list[dict], vanilla_ids: dict) -> dict:
             a["accepted"] += p["accepted"]
             a["zero"] += p.get("zero", 0)
             for key in ("tried", "hit"):                  # per draft position (switchsd.core.events)
-                got = p.get(key, [])
-                a[key] += [0] * (len(got) - len(a[key]))
-                for k, n in enumerate(got):
-                    a[key][k] += n
+                add_counts(a[key], p.get(key, []))
     return {
         "tok_s": statistics.mean(rates) if rates else 0.0,
         "tok_s_total": tokens / wall if wall else 0.0,

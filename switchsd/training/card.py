@@ -22,7 +22,7 @@ def data_line(meta: dict, args) -> str:
 
 
 def reproduce(meta: dict, args) -> str:
-    if meta["source"] == "sharegpt":
+    if meta["source"] == "sharegpt":        # the job's default state folder, not this machine's absolute path
         cmd = (f"python -m switchsd.train_eagle3 --sharegpt ~/.cache/switchsd/eagle3/sharegpt --answers "
                f"{meta['answers']} --tf-answers {meta['tf_answers']}")
     else:

@@ -257,7 +257,7 @@ def main(argv=None) -> None:
         return
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    data = (sharegpt_data(lm, Path(args.sharegpt).expanduser(), args.answers, args.tf_answers, args.max_context or None)
+    data = (sharegpt_data(lm, Path(args.sharegpt).expanduser(), args.answers, args.tf_answers, args.max_context)
             if args.sharegpt else folder_data(work, len(args.extra), rng, args.max_context))
     train, val = data.train, data.val
     d2t, t2d, coverage = build_vocab(train, args.draft_vocab, tc.vocab_size, data.extra_counts)

@@ -38,8 +38,9 @@ def clip_context(s: dict, keep: int) -> dict:
 
 def sharegpt_data(lm, state: Path, answers: int | None, tf_answers: int, max_context: int | None) -> TrainingData:
     """The first `answers` regenerated and `tf_answers` teacher-forced training samples (prompt-list order) and
-    the whole validation split, each clipped to `max_context` prompt positions as it loads."""
+    the whole validation split, each clipped to `max_context` prompt positions as it loads (0 / None: all)."""
     from .regen_job import load_split, sharegpt_reply_counts
+    max_context = max_context or None
     train = load_split(state, "train", answers, max_context)
     n_base = len(train)
     if tf_answers:
