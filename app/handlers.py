@@ -298,6 +298,23 @@ def _race_frame(lm, runs, cut, with_vanilla, status, ref) -> RaceFrame:
                      plots.plot_value(plots.tok_per_fwd_plot(lanes_ev)))
 
 
+def default_step(events: list[StepEvent]) -> int:
+    """The step the inspector opens on: the neural step that accepted the most draft tokens (the switch's neural
+    half at work), else the step of any path that accepted the most, else the first step; earliest on ties."""
+    for pool in ([i for i, e in enumerate(events) if e.accepted and e.path == "neural"],
+                 [i for i, e in enumerate(events) if e.accepted]):
+        if pool:
+            return max(pool, key=lambda i: (len(events[i].accepted), -i))
+    return 0
+
+
+def inspect_last_run(state: dict | None) -> tuple[dict, str]:
+    """After a Generate run: the step slider's range and value (`default_step`), and that step's view."""
+    events = (state or {}).get("events") or []
+    step = default_step(events)
+    return gr.update(maximum=max(1, len(events) - 1), value=step), explain_step(state, step)
+
+
 def explain_step(state: dict | None, step: int) -> str:
     """The step inspector: candidates as a trie, accepted / rejected nodes, bonus, gate decision."""
     if not state or not state.get("events"):

@@ -1,6 +1,8 @@
 """The studio's layout and event wiring. `build_demo(resources)` returns a gr.Blocks (no server started)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import gradio as gr
 
 from switchsd.core.config import CopyConfig, EngineConfig, GateConfig, SamplingConfig
@@ -17,16 +19,34 @@ STATE_TTL_S = 1800          # a tab's last run (events for the inspector, lab sc
 # the knobs start at the library defaults
 COPY, GATE, SAMPLING, ENGINE = CopyConfig(), GateConfig(), SamplingConfig(), EngineConfig()
 
+class Preset(NamedTuple):
+    prompt: str
+    regime: str     # what the preset shows, under the dropdown
+
+
 PRESETS = {
-    "JSON echo (copy-heavy)": 'Repeat this JSON exactly, then stop: {"name": "Alice", "age": 30, "city": "Paris", '
-                              '"skills": ["python", "sql", "statistics"], "active": true}',
-    "Code rewrite (copy-heavy)": "Add type hints to this function and keep everything else identical:\n\n"
-                                 "def moving_average(values, window):\n    result = []\n"
-                                 "    for i in range(len(values) - window + 1):\n"
-                                 "        result.append(sum(values[i:i + window]) / window)\n    return result",
-    "Accidental repetition (math)": "Let n be a positive integer. Show that n^2 + n is even by considering "
-                                    "n = 2k and n = 2k + 1.",
-    "Free-form story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Copy: JSON echo": Preset(
+        'Repeat this JSON exactly, then stop: {"name": "Alice", "age": 30, "city": "Paris", '
+        '"skills": ["python", "sql", "statistics"], "active": true}',
+        "The answer repeats the prompt. The probe reads the model's intent to copy and SwitchSD drafts long runs "
+        "from the context (copy-coloured tokens), several per target forward. `eagle3` has nothing to copy with."),
+    "Copy: code rewrite": Preset(
+        "Add type hints to this function and keep everything else identical:\n\n"
+        "def moving_average(values, window):\n    result = []\n"
+        "    for i in range(len(values) - window + 1):\n"
+        "        result.append(sum(values[i:i + window]) / window)\n    return result",
+        "Most of the answer is the function again, with small edits: copy runs break at each edit (a bonus token) "
+        "and resume after it."),
+    "Math: accidental repetition": Preset(
+        "Let n be a positive integer. Show that n^2 + n is even by considering n = 2k and n = 2k + 1.",
+        "Formulas repeat short n-grams (n = 2k, 2k + 1) that the model is not copying. Prompt lookup (`pld`) "
+        "drafts at every repeat; SwitchSD's probe keeps most of those steps off the copy path (compare the "
+        "status lines of `pld` and `switchsd`)."),
+    "Chat: free text": Preset(
+        "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+        "Nothing to copy: these steps belong to the neural drafter (the EAGLE-3 head). The cost gate drafts only "
+        "where the head's measured acceptance pays for the wider verify on this device; with the shipped head on "
+        "a CPU that is rare, and the steps run plain (docs/results.md, issue 31)."),
 }
 
 
@@ -71,8 +91,9 @@ def generate_tab(res: Resources, precision: gr.Radio, model_status: gr.Markdown)
     with gr.Tab("Generate", id="tab-generate"):
         with gr.Row():
             with gr.Column(scale=3):
-                preset = gr.Dropdown(list(PRESETS), label="Preset", value=None, elem_id="preset")
-                prompt = gr.Textbox(label="Prompt", lines=5, elem_id="prompt", value=PRESETS["JSON echo (copy-heavy)"])
+                preset = gr.Dropdown(list(PRESETS), label="Preset: one regime each", value=None, elem_id="preset")
+                regime = gr.Markdown(elem_id="preset-regime")
+                prompt = gr.Textbox(label="Prompt", lines=5, elem_id="prompt", value=PRESETS["Copy: JSON echo"].prompt)
             with gr.Column(scale=2):
                 method = gr.Dropdown(list(METHODS), value=res.default_method(), label="Method", elem_id="method")
                 with gr.Row():
@@ -107,7 +128,8 @@ def generate_tab(res: Resources, precision: gr.Radio, model_status: gr.Markdown)
     # empty axes from the start (live frames draw over them; Plotly.js is loaded for ?live=plotly)
     empty = (plots.accept_plot([]), plots.probe_plot([], 0.5), plots.copy_rate_plot([]), plots.toks_plot({}))
     empty_plots = lambda: tuple(map(plots.plot_value, empty))       # noqa: E731
-    preset.change(lambda p: PRESETS.get(p, gr.skip()), preset, prompt, queue=False)
+    preset.change(lambda p: (PRESETS[p].prompt, f"*{PRESETS[p].regime}*") if p in PRESETS else (gr.skip(), ""),
+                  preset, [prompt, regime], queue=False)
 
     def gen(p, m, t, n, c, on, tau_, k, w, d, g, dt, request: gr.Request):
         session = getattr(request, "session_hash", None)
@@ -133,7 +155,7 @@ def race_tab(res: Resources, precision: gr.Radio, chat: gr.Checkbox) -> None:
                     "**one at a time** and are replayed on a common clock, each timed by its own steps; each lane "
                     "shows its speedup over vanilla and whether its text equals vanilla's.")
         with gr.Row():
-            prompt = gr.Textbox(label="Prompt", lines=3, value=PRESETS["Code rewrite (copy-heavy)"],
+            prompt = gr.Textbox(label="Prompt", lines=3, value=PRESETS["Copy: code rewrite"].prompt,
                                 elem_id="race-prompt", scale=3)
             with gr.Column(scale=1):
                 max_new = gr.Slider(1, 512, value=96, step=1, label="Max new tokens")
@@ -160,7 +182,7 @@ def probe_lab_tab(res: Resources) -> None:
                                  elem_id="probe-upload")
             with gr.Column(scale=3):
                 text = gr.Textbox(label="Text (or a prompt to generate from)", lines=5,
-                                  value=PRESETS["JSON echo (copy-heavy)"], elem_id="lab-text")
+                                  value=PRESETS["Copy: JSON echo"].prompt, elem_id="lab-text")
                 with gr.Row():
                     generate = gr.Checkbox(value=True, label="Generate a completion first")
                     run = gr.Button("Score", variant="primary", elem_id="lab-run")
@@ -262,13 +284,13 @@ def inspector_tab(run_state: gr.State, gen_ev) -> None:
     with gr.Tab("Step inspector", id="tab-inspect"):
         with gr.Row():
             with gr.Column(scale=3):
-                step = gr.Slider(0, 200, value=0, step=1, label="step (of the last Generate run)",
+                step = gr.Slider(0, 200, value=0, step=1, label="step of the last Generate run (opens on the step "
+                                 "whose draft landed the most tokens, neural first)",
                                  elem_id="inspect-step")
                 view = gr.HTML(elem_id="inspect-view")
             with gr.Column(scale=2):
                 gr.Markdown(handlers.EXPLANATION)
-    gen_ev.then(lambda st: gr.update(maximum=max(1, len(st["events"]) - 1) if st else 1), run_state, step,
-                queue=False)
+    gen_ev.then(handlers.inspect_last_run, run_state, [step, view], queue=False)
     step.change(lambda st, s: handlers.explain_step(st, s), [run_state, step], view, queue=False)
 
 

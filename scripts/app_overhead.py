@@ -107,7 +107,7 @@ class AppPage:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--method", default="switchsd")
-    ap.add_argument("--prompt", default=PRESETS["Code rewrite (copy-heavy)"])
+    ap.add_argument("--prompt", default=PRESETS["Copy: code rewrite"].prompt)
     ap.add_argument("--max-new-tokens", type=int, default=128, help="the app's default")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:K=V[,K=V]",

@@ -26,23 +26,25 @@ def scaling_table(rows: list[dict]) -> str:
 
 
 def acceptance_table(results: list[Path], method: str) -> str:
+    """One row per set and drafted path (neural for EAGLE-3; copy and neural for SwitchSD and the other mixes)."""
     runs = []
     for path in results:
         d = json.loads(path.read_text())
         s = d["summary"].get(method)
         if s is None:
             raise SystemExit(f"{path}: no {method!r} row (methods: {', '.join(d['summary'])})")
-        neural = s["paths"].get("neural", {})
-        runs.append((f"{d['meta']['dataset']} ({d['meta']['n_prompts']}, {d['meta']['engine']['max_new_tokens']} "
-                     f"tokens, {d['meta']['dtype']})", s, neural))
-    depth = max((len(n.get("accept_at", [])) for _, _, n in runs), default=0)
-    out = ["| set | tok/fwd | neural steps | " + "".join(f"pos {k + 1} | " for k in range(depth)) + "identical |",
-           "|---|---|---|" + "---|" * depth + "---|"]
-    for name, s, n in runs:
-        at = n.get("accept_at", [])
+        name = (f"{d['meta']['dataset']} ({d['meta']['n_prompts']}, {d['meta']['engine']['max_new_tokens']} tokens, "
+                f"{d['meta']['dtype']})")
+        drafted = {p: v for p, v in sorted(s["paths"].items()) if v.get("accept_at")} or {"neural": {}}
+        runs += [(name, s, p, v) for p, v in drafted.items()]
+    depth = max((len(v.get("accept_at", [])) for *_, v in runs), default=0)
+    out = ["| set | tok/fwd | path | % of steps | " + "".join(f"pos {k + 1} | " for k in range(depth)) + "identical |",
+           "|---|---|---|---|" + "---|" * depth + "---|"]
+    for name, s, p, v in runs:
+        at = v.get("accept_at", [])
         cells = [f"{a:.3f}" for a in at] + ["-"] * (depth - len(at))
-        out.append(f"| {name} | {s['tok_per_fwd']:.2f} | {n.get('pct', 0.0):.0f}% | " + "".join(c + " | " for c in cells)
-                   + f"{s['identical']}/{s['n']} |")
+        out.append(f"| {name} | {s['tok_per_fwd']:.2f} | {p} | {v.get('pct', 0.0):.0f}% | "
+                   + "".join(c + " | " for c in cells) + f"{s['identical']}/{s['n']} |")
     return "\n".join(out)
 
 

@@ -54,6 +54,7 @@ def main() -> None:
                     help="checkpoint (and score 64 validation answers) every N steps")
     ap.add_argument("--epochs", type=float, default=3)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--ttt", type=int, default=7, help="training-time-test steps K (the recipe's 7; chain 3 uses 3)")
     ap.add_argument("--mtbench-limit", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     args = ap.parse_args()
@@ -62,7 +63,7 @@ def main() -> None:
     result_path = state / "scaling.json"
     rows = json.loads(result_path.read_text()) if result_path.exists() else []
     variant = (f"init={args.init or 'scratch'},revocab={args.revocab},vocab={args.draft_vocab},epochs={args.epochs},"
-               f"steps={args.steps},lr={args.lr}")
+               f"steps={args.steps},lr={args.lr}" + (f",ttt={args.ttt}" if args.ttt != 7 else ""))
     points = ([tuple(int(x) for x in p.split("+")) for p in args.points.split(",")] if args.points else
               [(int(x), args.tf_answers) for x in args.sizes.split(",")])
     for n, tf in points:
@@ -76,7 +77,7 @@ def main() -> None:
         cmd = [sys.executable, "-m", "switchsd.train_eagle3", "--sharegpt", str(state), "--answers", str(n),
                "--tf-answers", str(tf), "--epochs", str(args.epochs), "--lr", str(args.lr),
                "--draft-vocab", str(args.draft_vocab), "--save-every", str(args.save_every),
-               "--work", str(work), "--out", str(work / "head")]
+               "--ttt", str(args.ttt), "--work", str(work), "--out", str(work / "head")]
         cmd += (["--init", args.init] if args.init else []) + (["--revocab"] if args.revocab else [])
         cmd += ["--steps", str(args.steps)] if args.steps else []
         meta_line = run(cmd).strip().splitlines()[-1]

@@ -27,6 +27,22 @@ def ev(step, path, new, accepted, probe=None, match=None, cand=None):
                      probe_score=probe, match=match)
 
 
+def test_inspector_opens_on_the_best_neural_step():
+    """handlers.default_step: the neural step that landed the most drafts (earliest on ties), else the best step of
+    any path, else step 0; inspect_last_run sets the slider to it and renders that step."""
+    from app.handlers import default_step, inspect_last_run
+    copy4, copy1, neural2, neural2b, plain = (ev(0, "copy", [1, 2, 3, 4, 5], 4), ev(1, "copy", [1, 2], 1),
+                                              ev(2, "neural", [1, 2, 3], 2), ev(3, "neural", [4, 5, 6], 2),
+                                              ev(4, "vanilla", [7], 0))
+    assert default_step([copy4, copy1, neural2, neural2b, plain]) == 2
+    assert default_step([copy1, plain, copy4]) == 2
+    assert default_step([plain, ev(1, "neural", [3], 0)]) == 0 and default_step([]) == 0
+    update, view = inspect_last_run({"events": [plain, neural2], "tokenizer": FakeTok()})
+    assert update["value"] == 1 and update["maximum"] == 1 and "<b>Step 2</b>" in view
+    update, view = inspect_last_run(None)
+    assert update["value"] == 0 and "Generate something first" in view
+
+
 def test_html_builder_escapes_hostile_tokens():
     events = [ev(0, "copy", [0, 1, 2, 3], 3, 0.9, {"ngram": [1], "sources": [2]}, 0), ev(1, "neural", [4, 5, 6], 2),
               ev(2, "vanilla", [7], 0)]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -198,3 +199,22 @@ def test_acceptance_per_draft_position():
     agg = aggregate(recs, {"a": [], "b": []})
     assert agg["paths"]["neural"]["accept_at"] == pytest.approx([2 / 3, 1.0, 0.5])
     assert "accept_at" not in agg["paths"]["vanilla"]
+
+
+def test_card_acceptance_table_has_a_row_per_drafted_path(tmp_path):
+    """scripts/eagle3_card.py: one row per set and drafted path (SwitchSD drafts on both), plain steps left out."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("eagle3_card", Path(__file__).resolve().parents[1] / "scripts" / "eagle3_card.py")
+    card = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(card)
+    meta = {"dataset": "mtbench", "n_prompts": 2, "engine": {"max_new_tokens": 64}, "dtype": "float32"}
+    paths = {"vanilla": {"pct": 20.0}, "copy": {"pct": 30.0, "accept_at": [0.9, 0.8, 0.7, 0.6]},
+             "neural": {"pct": 50.0, "accept_at": [0.4, 0.3]}}
+    (tmp_path / "r.json").write_text(json.dumps({"meta": meta, "summary": {"switchsd": {
+        "tok_per_fwd": 1.7, "paths": paths, "identical": 2, "n": 2}}}))
+    rows = card.acceptance_table([tmp_path / "r.json"], "switchsd").splitlines()
+    assert rows[0].count("pos ") == 4 and len(rows) == 4
+    assert "| copy | 30% | 0.900 | 0.800 | 0.700 | 0.600 | 2/2 |" in rows[2]
+    assert "| neural | 50% | 0.400 | 0.300 | - | - | 2/2 |" in rows[3]
+    with pytest.raises(SystemExit, match="no 'eagle3' row"):
+        card.acceptance_table([tmp_path / "r.json"], "eagle3")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from transformers import LlamaConfig
 
@@ -105,3 +106,23 @@ def test_card_names_its_data_and_its_command_reproduces_the_arguments(tmp_path):
     card = (tmp_path / "README.md").read_text()
     assert "ShareGPT" not in card and "1152 prompts of `switchsd/training/prompts.py`" in card
     assert json.loads((tmp_path / "training.json").read_text())["source"] == "folder"
+
+
+def test_data_stage_with_nothing_to_write_loads_no_model(tmp_path, monkeypatch, capsys):
+    """`--stage data` with ShareGPT answers (written by regen_sharegpt) or --prompts 0 returns before loading the
+    target; with prompts to answer it loads it in --gen-dtype."""
+    from switchsd.training import eagle3
+
+    loads = []
+
+    def fake_load(name, dtype):
+        loads.append(dtype)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(eagle3, "load_model", fake_load)
+    eagle3.main(["--work", str(tmp_path), "--stage", "data", "--sharegpt", str(tmp_path)])
+    eagle3.main(["--work", str(tmp_path), "--stage", "data", "--prompts", "0"])
+    assert loads == [] and "regen_sharegpt" in capsys.readouterr().out
+    with pytest.raises(RuntimeError, match="stop here"):
+        eagle3.main(["--work", str(tmp_path), "--stage", "data", "--prompts", "8", "--gen-dtype", "bfloat16"])
+    assert loads == ["bfloat16"]

@@ -241,12 +241,18 @@ def main(argv=None) -> None:
         args.bf16 = torch.cuda.is_available() or cpu_has_native_bf16()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    lm = load_model(args.model, dtype=args.gen_dtype if args.stage in ("all", "data") else "float32")
+    data_stage = args.stage in ("all", "data") and not args.sharegpt    # ShareGPT data: `regen_sharegpt` writes it
+    generate = data_stage and args.prompts > 0
+    if args.stage == "data" and not (generate or args.extra):
+        print("--stage data: nothing to write (--prompts 0, no --extra"
+              + ("; ShareGPT answers come from `python -m switchsd.regen_sharegpt`)" if args.sharegpt else ")"))
+        return
+    lm = load_model(args.model, dtype=args.gen_dtype if generate else "float32")
     lm.tokenizer.padding_side = "left"
     tc = lm.model.config
     layers = default_aux_layers(tc.num_hidden_layers)
-    if args.stage in ("all", "data") and not args.sharegpt:
-        if args.prompts > 0:
+    if data_stage:
+        if generate:
             build(lm, build_prompts(args.prompts, args.seed, args.prompt_set), work / "data", layers,
                   args.max_new_tokens, args.gen_batch)
         if lm.dtype != torch.float32:
