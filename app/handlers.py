@@ -348,7 +348,10 @@ def explain_step(state: dict | None, step: int) -> str:
             best = ", ".join(f"{html.escape(str(k))} {v:.0f}" for k, v in (e.gate.get("expected_tok_s") or {}).items())
             gate = (f"{head} → copying {'plausible' if e.gate['copy'] else 'not plausible'}; the cost gate ran "
                     f"<b>{html.escape(str(e.gate.get('choice')))}</b>"
-                    f"{' (exploring)' if e.gate.get('explore') else ''} (expected tok/s: {best}).</p>")
+                    f"{' (exploring)' if e.gate.get('explore') else ''} (expected tok/s: {best})"
+                    + (f"; the head's probability of each chain token: "
+                       f"{', '.join(f'{c:.2f}' for c in e.gate['neural_conf'])}" if e.gate.get("neural_conf") else "")
+                    + ".</p>")
         else:
             gate = f"{head} → <b>{'copy' if e.gate['copy'] else 'neural'}</b> path.</p>"
     elif e.gate and "arm" in e.gate:

@@ -102,8 +102,8 @@ class Drafters:
 
 def parse_method(spec: str) -> tuple[str, dict]:
     """'eagle3@chain4' -> ('eagle3', {shape: chain, gamma: 4}); 'switchsd@tree4x5x24' -> the tree;
-    '+'-joined extras: 'kN' (copy kappa), 'tX' (probe tau), 'pN' (SMC particles), e.g. 'switchsd@chain1+k3+t0.4',
-    'smc@chain4+p8'."""
+    '+'-joined extras: 'kN' (copy kappa), 'tX' (probe tau), 'conf' (the cost gate prices neural chains by their
+    tokens' probabilities), 'pN' (SMC particles), e.g. 'switchsd@chain1+k3+t0.4', 'eagle3+conf', 'smc@chain4+p8'."""
     spec = spec.strip()
     base = re.split(r"[@+]", spec, maxsplit=1)[0]
     var = spec[len(base) + 1:]
@@ -119,11 +119,13 @@ def parse_method(spec: str) -> tuple[str, dict]:
             out["kappa"] = int(m[1])
         elif m := re.fullmatch(r"t(\d*\.?\d+)", part):
             out["tau"] = float(m[1])
+        elif part == "conf":
+            out["confidence"] = True
         elif (m := re.fullmatch(r"p(\d+)", part)) and base == "smc":
             out["particles"] = int(m[1])
         else:
             raise SetupError(f"bad method variant {spec!r}: use NAME@chainG or NAME@treeKxDxN, "
-                             "optionally +kN (kappa) +tX (tau); smc: smc@chainG+pN")
+                             "optionally +kN (kappa) +tX (tau) +conf; smc: smc@chainG+pN")
     if base == "smc" and (out.keys() - {"shape", "gamma", "particles"} or out.get("shape") == "tree"):
         raise SetupError(f"bad smc variant {spec!r}: smc@chainG (drafts per cycle) +pN (particles)")
     if "tau" in out and base not in NEEDS_PROBE:
@@ -138,6 +140,8 @@ def _with_variant(variant: dict, copy_cfg: CopyConfig, neural: NeuralConfig, gat
             gate = replace(gate, kappa=variant["kappa"])
         if "tau" in variant:
             gate = replace(gate, tau=variant["tau"])
+        if variant.get("confidence"):
+            gate = replace(gate, confidence=True)
         if variant.get("shape") == "chain":
             neural = replace(neural, shape="chain", gamma=variant["gamma"])
         elif variant.get("shape") == "tree":

@@ -37,8 +37,11 @@ def test_inspector_opens_on_the_best_neural_step():
     assert default_step([copy4, copy1, neural2, neural2b, plain]) == 2
     assert default_step([copy1, plain, copy4]) == 2
     assert default_step([plain, ev(1, "neural", [3], 0)]) == 0 and default_step([]) == 0
+    neural2.gate = {"mode": "cost", "probe": 0.1, "tau": 0.5, "kgram_match": False, "copy": False,
+                    "choice": "neural", "expected_tok_s": {"chain2": 20.0}, "neural_conf": [0.91, 0.5]}
     update, view = inspect_last_run({"events": [plain, neural2], "tokenizer": FakeTok()})
     assert update["value"] == 1 and update["maximum"] == 1 and "<b>Step 2</b>" in view
+    assert "probability of each chain token: 0.91, 0.50" in view       # the confidence gate's reasons
     update, view = inspect_last_run(None)
     assert update["value"] == 0 and "Generate something first" in view
 

@@ -93,6 +93,10 @@ def test_method_variants_parse():
     assert parse_method("switchsd@tree2x3x6+k3+t0.4") == (
         "switchsd", {"shape": "tree", "tree": (2, 3, 6), "kappa": 3, "tau": 0.4})
     assert parse_method("switchsd+k3") == ("switchsd", {"kappa": 3})
+    assert parse_method("eagle3+conf") == ("eagle3", {"confidence": True})
+    from switchsd.core.config import CopyConfig, GateConfig, NeuralConfig
+    from switchsd.factory import _with_variant
+    assert _with_variant({"confidence": True}, CopyConfig(), NeuralConfig(), GateConfig())[2].confidence
     with pytest.raises(SystemExit, match="bad method variant"):
         parse_method("switchsd@chain")
     with pytest.raises(SystemExit, match="unknown method"):

@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 from helpers import repetitive_prompt, random_prompt, greedy_reference
 from switchsd.core.config import CopyConfig, EngineConfig, NeuralConfig
-from switchsd.drafters.base import DraftRequest
+from switchsd.drafters.base import Draft, DraftRequest
 from switchsd.drafters.copy import CopyDrafter
 from switchsd.drafters.eagle3 import Eagle3Drafter, TreeConfig
 from switchsd.drafters.eagle3_model import Eagle3LoadError, load_eagle3
@@ -560,3 +560,85 @@ def test_regrown_head_keeps_weights_and_shared_lm_head_rows(tmp_path, target, he
     for tok in set(old_ids) & set(new_ids):
         assert torch.equal(new.lm_head.weight[new_ids.index(tok)], old.lm_head.weight[old_ids.index(tok)])
     assert len(set(new_ids) - set(old_ids)) > 0
+
+
+def test_confident_chain_stops_when_told_and_propose_hands_it_over(target, trained_head, monkeypatch):
+    """confident_chain drafts what the plain chain drafts, one token at a time, with each token's head probability
+    (greedy: the top-1 softmax probability), stops when `keep` says so, and the step's propose returns a prefix of
+    the held chain without drafting again; a commit drops it."""
+    d = _head_ready(target, trained_head, random_prompt(301, 7), TreeConfig())
+    d.chain, d.gamma = True, 4
+    plain = d.propose(DraftRequest(tokens=d.tokens, max_len=4, budget=8)).candidates[0]
+    seen = []
+    draft, confs = d.confident_chain(DraftRequest(tokens=d.tokens, max_len=4, budget=8),
+                                     lambda i, c: seen.append((i, c)) or i < 2)
+    assert draft.candidates[0] == plain[:2] and len(confs) == 2 and [i for i, _ in seen] == [1, 2]
+    logits = trained_head.logits(d.last_out)
+    assert confs[0] == pytest.approx(float(torch.softmax(logits.float(), -1).max()), rel=1e-6)
+    calls = []
+    monkeypatch.setattr(d.head, "step", lambda *a, **k: calls.append(1))     # no head forward from here on
+    assert d.propose(DraftRequest(tokens=d.tokens, max_len=1, budget=8)).candidates == [plain[:1]]
+    assert d.propose(DraftRequest(tokens=d.tokens, max_len=4, budget=8)).candidates == [plain[:2]] and not calls
+    d.extend(d.tokens, 0)
+    assert d.held is None
+
+
+@pytest.mark.parametrize("method", ["eagle3", "switchsd"])
+def test_confidence_gate_greedy_equals_vanilla(target, trained_head, method):
+    """The cost gate pricing each chain by its tokens' probabilities (GateConfig.confidence, variant +conf): output
+    equals vanilla, chains are drafted and verified, and the calibration learns from the verified positions (the
+    tiny head is under-confident: ~0.03 on its top token, so its bins learn that it lands more than that)."""
+    from switchsd.core.config import GateConfig
+    from switchsd.core.costs import VerifyCost
+    from switchsd.core.policies import CostAware
+    cost = VerifyCost({1: 44.0, 2: 45.0, 4: 47.0, 8: 50.0})
+    choices, updated, priced = {}, 0, 0
+    for seed in range(6):
+        ids = random_prompt(300 + seed, 6 + seed % 5) if seed % 2 == 0 else random_prompt(seed, 9)
+        drafter = Eagle3Drafter(trained_head, target, chain=True, gamma=4)
+        policy = build_policy(method, (), CopyConfig(kappa=3), drafter, tau=0.5, cost=cost,
+                              gate=GateConfig(confidence=True))
+        assert isinstance(policy, CostAware) and policy.confidence
+        eng = Engine(target, policy, EngineConfig(max_new_tokens=30, budget=8, stop_at_eos=False), ())
+        out = []
+        for e in eng.generate(ids):
+            out += e.new_tokens
+            choices[e.gate["choice"]] = choices.get(e.gate["choice"], 0) + 1
+            priced += bool(e.gate.get("neural_conf"))      # every step with room for a draft
+        assert out == greedy_reference(target, ids, 30, eos=None), seed
+        updated += sum(policy.calib.trials)
+    assert choices.get("neural", 0) + choices.get("copy+neural", 0) > 0, choices
+    assert updated > 0 and priced >= sum(choices.values()) - 6
+
+
+class _StubChain:
+    """A neural drafter whose chain tokens come with the given probabilities (for the gate's decisions alone)."""
+    name, path, chain, gamma, tree = "stub", "neural", True, 4, None
+
+    def __init__(self, confs):
+        self.confs, self.kept = confs, 0
+
+    def confident_chain(self, req, keep):
+        out = []
+        for i, c in enumerate(self.confs[:req.max_len]):
+            out.append(c)
+            if i + 1 == req.max_len or not keep(i + 1, c):
+                break
+        self.kept = len(out)
+        return Draft([[7] * len(out)]), out
+
+
+def test_confidence_gate_drafts_sure_chains_and_skips_unsure_ones():
+    """On an fp32-like curve (a draft row costs ~half a plain step): a chain the head is sure of is verified whole;
+    one it doubts runs a plain step, and drafting stopped after its first token."""
+    from switchsd.core.costs import VerifyCost
+    from switchsd.core.policies import CostAware
+    cost = VerifyCost({1: 44.0, 2: 73.0, 4: 68.0, 8: 65.0})
+    sure, unsure = _StubChain([0.97, 0.95, 0.93, 0.9]), _StubChain([0.02, 0.9, 0.9, 0.9])
+    for stub, choice, depth in ((sure, "neural", 4), (unsure, "plain", 1)):
+        gate = CostAware(None, stub, None, cost, confidence=True)
+        drafters, info = gate.select(PolicyState([1, 2, 3], 1, None, 10, 16))
+        assert info["choice"] == choice and stub.kept == depth, info
+        assert info["neural_conf"] == stub.confs[:depth]
+        if choice == "neural":
+            assert drafters == [stub] and info["neural_depth"] == 4

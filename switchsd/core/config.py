@@ -168,6 +168,7 @@ class GateConfig:
     kappa: int = 3
     lookup: bool = True
     lookup_candidates: int = 3
+    confidence: bool = False   # price each neural chain by its tokens' own probabilities (CostAware; variant +conf)
     bandit_c: float = 1.0      # BanditSpec's UCB exploration constant (method banditspec)
 
     def __post_init__(self):

@@ -6,6 +6,8 @@
   curve's monotone envelope (`ms`), which padding makes real.
 - `Survival`: online acceptance estimate of one drafting path: P(token i accepted | tokens < i accepted), per
   draft position, from decayed counts with a prior. `expected(d)` = expected accepted tokens of a d-deep draft.
+- `Calibration`: online acceptance of a draft token given the drafter's own probability of it (the cost gate's
+  `confidence` mode prices each neural chain by its tokens' probabilities).
 - `EmaTimer`: a drafter's own measured cost per draft length.
 """
 from __future__ import annotations
@@ -112,6 +114,34 @@ class Survival:
 
     def seen(self) -> float:
         return self.trials[0] if self.trials else 0.0
+
+
+@dataclass
+class Calibration:
+    """P(a draft token is accepted | it was reached, and the drafter gave it probability c), in `bins` equal bins
+    of c: (hits + weight * centre) / (trials + weight) per bin, a bin's counts decaying by `decay` at each of its
+    updates. The prior is the bin's centre: what a calibrated drafter would land."""
+    bins: int = 10
+    weight: float = 4.0
+    decay: float = 0.995
+    trials: list[float] = field(default_factory=list)
+    hits: list[float] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.trials = self.trials or [0.0] * self.bins
+        self.hits = self.hits or [0.0] * self.bins
+
+    def bin(self, c: float) -> int:
+        return min(self.bins - 1, max(0, int(c * self.bins)))
+
+    def p(self, c: float) -> float:
+        b = self.bin(c)
+        return (self.hits[b] + self.weight * (b + 0.5) / self.bins) / (self.trials[b] + self.weight)
+
+    def update(self, c: float, hit: bool) -> None:
+        b = self.bin(c)
+        self.trials[b] = self.trials[b] * self.decay + 1.0
+        self.hits[b] = self.hits[b] * self.decay + float(hit)
 
 
 @dataclass

@@ -9,11 +9,13 @@ pending row included); the engine applies both.
 from __future__ import annotations
 
 import math
+import operator
+import time
 from itertools import accumulate
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from .costs import EmaTimer, Survival, VerifyCost
+from .costs import Calibration, EmaTimer, Survival, VerifyCost
 from ..drafters.base import Drafter, DraftRequest
 
 
@@ -141,10 +143,14 @@ class CostAware:
     acceptance, learnt per probe-score bucket: short accidental repeats (names, code tokens, formulas) pay on devices where a few more
     verify rows cost little, while the long multi-candidate copy path stays reserved for copy intent (probe AND
     kappa-gram).
+    With `confidence` (GateConfig.confidence) a neural drafter that offers `confident_chain` drafts its chain
+    first, one token at a time while the next token could still pay for its verify row, and each chain cut
+    is priced by its own tokens' probabilities (`Calibration`, learnt online) instead of the path's average:
+    the head's confident steps are drafted and its unsure ones run plain.
     Lossless: it only chooses drafts."""
 
     def __init__(self, copier, neural, tau: float | None, cost: VerifyCost, explore: float = 0.01,
-                 buckets: int = 4, lookup=None):
+                 buckets: int = 4, lookup=None, confidence: bool = False):
         self.copy, self.neural, self.lookup = copier, neural, lookup if copier is not None else None
         self.cost, self.explore = cost, float(explore)
         self.tau = None if tau is None else float(tau)
@@ -155,6 +161,8 @@ class CostAware:
         self.look_edges = [i / (2 * buckets) for i in range(1, 2 * buckets)]  # probe-score buckets over [0, 1]
         self.lookup_acc = [Survival(prior=0.3, weight=2.0) for _ in range(2 * buckets)]
         self.neural_acc = Survival(prior=0.4, weight=2.0)
+        self.confidence = confidence and hasattr(neural, "confident_chain")
+        self.calib = Calibration()
         base = cost.ms(1)
         self.copy_ms = EmaTimer(guess_ms=0.002 * base)
         self.lookup_ms = EmaTimer(guess_ms=0.002 * base)
@@ -201,6 +209,26 @@ class CostAware:
             out.append(run)
         return out
 
+    def _confident_chain(self, state: PolicyState, gmax: int, limit: int, V) -> list[float]:
+        """Draft the neural chain token by token (the drafter holds it for this step's `propose`) while a longer
+        chain could still beat both a plain step and the best cut so far. Token i's chance of being reached and
+        accepted, reach_i, is the product of `Calibration` estimates of the probabilities the head gave tokens
+        1..i; the bound takes every further token at reach_i (reach only falls) and counts one head step each.
+        Returns the drafted tokens' probabilities."""
+        reach, total, best, step_ms = [1.0], 0.0, 1.0 / V(1), self.neural_ms.get(1)
+
+        def keep(i: int, c: float) -> bool:
+            nonlocal total, best
+            reach.append(reach[-1] * self.calib.p(c))
+            total += reach[-1]
+            best = max(best, (1 + total) / V(i + 1))
+            return any((1 + total + (d - i) * reach[-1]) / (V(d + 1) + (d - i) * step_ms) > best
+                       for d in range(i + 1, gmax + 1))
+
+        _, confs = self.neural.confident_chain(DraftRequest(tokens=state.tokens, max_len=gmax, budget=limit - 1),
+                                               keep)
+        return confs
+
     def select(self, state: PolicyState) -> tuple[list, dict]:
         limit = max(1, state.rows)
         score, tau = state.probe_score, self.tau
@@ -208,37 +236,46 @@ class CostAware:
         plausible = match and score is not None and tau is not None and score >= tau
         bucket = sum(score >= e for e in self.edges) if plausible else None
         V = lambda rows: self._verify_ms(rows, limit)            # noqa: E731
+        shapes = self._neural_shapes(state.max_len, limit) if self.neural is not None and state.max_len > 0 \
+            and limit > 1 else []
+        confs, sunk = None, 0.0
+        if self.confidence and shapes and shapes[0][1] == shapes[0][0] + 1:      # chains: draft first, then price
+            t = time.perf_counter()
+            confs = self._confident_chain(state, shapes[-1][0], limit, V)
+            sunk = 1000 * (time.perf_counter() - t)      # spent whatever runs next: every option carries it
+            if confs:
+                self.neural_ms.add(len(confs), sunk)
+            shapes = [(g, g + 1) for g in range(1, len(confs) + 1)]
         # option: (expected tokens per ms, choice, copy depth, neural depth, verify rows)
-        options = [(1.0 / V(1), "plain", 0, 0, 1)]
+        options = [(1.0 / (V(1) + sunk), "plain", 0, 0, 1)]
         copy_cuts = self._cuts(self.copy, state, limit) if plausible and state.max_len > 0 and limit > 1 else []
         low, l_cuts = None, []
         if self.lookup is not None and state.max_len > 0 and limit > 1:
             low = sum(score >= e for e in self.look_edges) if score is not None else 0
             l_cuts = self._cuts(self.lookup, state, limit)
             lsum = list(accumulate(self._reach(self.lookup_acc[low], len(l_cuts)), initial=0.0))
-            l_ms = self.lookup_ms.get(1)
+            l_ms = self.lookup_ms.get(1) + sunk
             for d, rows in l_cuts:
                 options.append(((1 + lsum[d]) / (V(rows) + l_ms), "lookup", d, 0, rows))
-        shapes = self._neural_shapes(state.max_len, limit) if self.neural is not None and state.max_len > 0 \
-            and limit > 1 else []
-        c_ms = self.copy_ms.get(1)
+        c_ms = self.copy_ms.get(1) + sunk
         c_reach = self._reach(self.copy_acc[bucket], len(copy_cuts)) if copy_cuts else []
         csum = list(accumulate(c_reach, initial=0.0))            # csum[d]: expected copy tokens at depth d
         for d, rows in copy_cuts:
             options.append(((1 + csum[d]) / (V(rows) + c_ms), "copy", d, 0, rows))
-        n_reach = self._reach(self.neural_acc, max((g for g, _ in shapes), default=0))
+        n_reach = (list(accumulate((self.calib.p(c) for c in confs), operator.mul)) if confs is not None else
+                   self._reach(self.neural_acc, max((g for g, _ in shapes), default=0)))
         nsum = list(accumulate(n_reach, initial=0.0))
         both = list(accumulate((c * n for c, n in zip(c_reach, n_reach)), initial=0.0))
         for g, rows in shapes:
-            n_ms = self.neural_ms.get(g)
-            options.append(((1 + nsum[g]) / (V(rows) + n_ms), "neural", 0, g, rows))
+            n_ms = self.neural_ms.get(g) if confs is None else 0.0      # drafted already: `sunk`, in c_ms too
+            options.append(((1 + nsum[g]) / (V(rows) + n_ms + sunk), "neural", 0, g, rows))
             for d, c_rows in copy_cuts:    # both drafts in one verify forward (misses taken as independent)
                 e = csum[d] + nsum[g] - both[min(d, g)]
                 rows_b = min(c_rows + rows - 1, limit)
                 options.append(((1 + e) / (V(rows_b) + c_ms + n_ms), "copy+neural", d, g, rows_b))
         best = max(options, key=lambda o: o[0])
         explore = False
-        if best[1] == "plain" and shapes:
+        if best[1] == "plain" and shapes:         # (confidence mode: its calibration learns from these too)
             self.plain_run += 1
             probe_cost = (V(2) + self.neural_ms.get(1)) / V(1) - 1
             if self.plain_run >= min(500, max(4, probe_cost / self.explore)):
@@ -250,12 +287,14 @@ class CostAware:
             self.copy_acc[bucket].relax()
         if low is not None and l_cuts and choice != "lookup":
             self.lookup_acc[low].relax()
-        self._chosen = {"choice": choice, "bucket": bucket, "low": low}
+        self._chosen = {"choice": choice, "bucket": bucket, "low": low, "confs": confs}
         top = sorted(options, key=lambda o: -o[0])[:4]
         gate = {"mode": "cost", "probe": score, "tau": tau, "kgram_match": match, "copy": plausible,
                 "choice": choice, "copy_depth": d, "neural_depth": g, "explore": explore,
                 "expected_tok_s": {_label(c, cd, ng): round(1000 * v, 1) for v, c, cd, ng, _ in top},
                 "max_len": max(d, g), "rows": rows, "merge": choice == "copy+neural"}
+        if confs is not None:
+            gate["neural_conf"] = [round(c, 3) for c in confs]
         drafters = {"plain": [], "copy": [self.copy], "neural": [self.neural], "lookup": [self.lookup],
                     "copy+neural": [self.copy, self.neural]}[choice]
         return drafters, gate
@@ -284,8 +323,12 @@ class CostAware:
                 self.copy_acc[b if b is not None else -1].update(depth, acc)
                 self.copy_ms.add(1, draft_ms if len(set(sources)) == 1 else 0.1 * draft_ms)
             elif path == "neural":
+                confs = self._chosen.get("confs")
+                for i in range(min(depth, acc + 1, len(confs or []))):    # positions reached: hit or first miss
+                    self.calib.update(confs[i], i < acc)
                 self.neural_acc.update(depth, acc)
-                self.neural_ms.add(depth, draft_ms)
+                if confs is None:
+                    self.neural_ms.add(depth, draft_ms)
                 self.plain_run = 0
 
 

@@ -12,7 +12,7 @@ draft. Draft-time K/V (from the head's own outputs) are temporary and dropped af
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -55,11 +55,14 @@ class Eagle3Drafter:
         self.pending: list[torch.Tensor] = []   # fused features [n, 3Ht] not yet in the stable cache
         self.last_out: torch.Tensor | None = None   # output at the last paired position [H]
         self.tokens = tokens
+        self.held: tuple[Draft, list[float]] | None = None     # this step's confident_chain, for propose
 
     def extend(self, tokens: Sequence[int], n_new: int) -> None:
         self.tokens = tokens
+        self.held = None
 
     def add_features(self, feats: dict) -> None:
+        self.held = None
         # with device_map the fused layers may sit on different GPUs: gather them on the head's device
         dev = self.head.fc.weight.device
         self.pending.append(torch.cat([feats[s].to(dev) for s in self.sites], -1))   # [n, 3Ht] low|mid|high
@@ -108,34 +111,56 @@ class Eagle3Drafter:
 
     @torch.inference_mode()
     def propose(self, req: DraftRequest) -> Draft:
+        if self.held is not None:       # the cost gate drafted this step's chain already (confident_chain)
+            draft = self.held[0]
+            n = min(req.max_len, len(draft.candidates[0]))
+            return Draft([draft.candidates[0][:n]], q=[draft.q[0][:n]] if draft.q else None) if n > 0 else Draft([])
         if req.max_len < 1 or (not self.pending and self.last_out is None):
             return Draft([])
         # proposing twice without a commit in between (e.g. a shadow analysis) reuses the last output
         last = self._catch_up() if self.pending else self.last_out
         base = self.synced        # position of the first draft input (it carries the first draft token)
         if self.chain or self.tree.top_k == 1:
-            return self._chain(last, base, min(self.gamma, req.max_len))
+            return self._chain(last, base, min(self.gamma, req.max_len))[0]
         return self._tree(last, base, req)
 
-    def _chain(self, out: torch.Tensor, base: int, n: int) -> Draft:
-        toks, qs = [], []               # greedy: token tensors, read back in one host sync at the end
+    @torch.inference_mode()
+    def confident_chain(self, req: DraftRequest, keep: Callable[[int, float], bool]) -> tuple[Draft, list[float]]:
+        """A chain of at most min(gamma, max_len) tokens, drafted one by one while `keep(i, c_i)` says go on;
+        c_i = the head's probability of draft token i (its top-1 probability when greedy). Held for this step's
+        `propose`, which returns a prefix of it (no second drafting)."""
+        self.held = None
+        if req.max_len < 1 or (not self.pending and self.last_out is None):
+            return Draft([]), []
+        last = self._catch_up() if self.pending else self.last_out
+        self.held = self._chain(last, self.synced, min(self.gamma, req.max_len), keep)
+        return self.held
+
+    def _chain(self, out: torch.Tensor, base: int, n: int,
+               keep: Callable[[int, float], bool] | None = None) -> tuple[Draft, list[float]]:
+        toks, qs, conf = [], [], []     # greedy: token tensors, read back in one host sync at the end
         k, v = self.k, self.v
         greedy = self.sampling.greedy
         for i in range(n):
             if greedy:
-                tok = self.head.to_target_ids(self.head.logits(out).argmax(-1)).view(1)       # [1] on device
+                logits = self.head.logits(out)                                                # [Vd]
+                tok = self.head.to_target_ids(logits.argmax(-1)).view(1)                      # [1] on device
+                if keep is not None:        # a host sync per token: the price of stopping early
+                    conf.append(float(torch.softmax(logits.float(), -1).max()))
             else:
                 q = self._dist(out).float().cpu()
                 tok = torch.multinomial(q, 1, generator=self.generator)
                 qs.append(q)
+                if keep is not None:
+                    conf.append(float(q[tok]))
             toks.append(tok)
-            if i == n - 1:
+            if i == n - 1 or (keep is not None and not keep(i + 1, conf[-1])):
                 break
             emb = self._embed(tok.to(out.device))[None]
             o, k1, v1 = self.head.step(emb, out[None, None], torch.tensor([base + i], device=out.device), k, v, None)
             k, v = torch.cat([k, k1], 2), torch.cat([v, v1], 2)
             out = o[0, -1]
-        return Draft([torch.cat(toks).tolist()], q=[qs] if qs else None)
+        return Draft([torch.cat(toks).tolist()], q=[qs] if qs else None), conf
 
     def _tree(self, out: torch.Tensor, base: int, req: DraftRequest) -> Draft:
         """EAGLE-2: expand the top_k best nodes per level by cumulative log-prob, then keep the best
