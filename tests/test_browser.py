@@ -4,6 +4,7 @@ docs/img when refreshed) or tests/artifacts."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -97,6 +98,13 @@ def test_step_inspector(page):
     """After the Generate run above: pick a step and see its candidate trie, gate and explanation."""
     page.get_by_role("tab", name="Step inspector").click()
     box = page.locator("#inspect-step input[type=number]")
+    # it opens on the run's best drafted step (handlers.default_step): the JSON echo has accepted copies
+    page.wait_for_function("(document.querySelector('#inspect-view .insp') || {}).innerText?.includes('accepted')",
+                           timeout=30_000)
+    opened = page.locator("#inspect-view").inner_text()
+    m = re.search(r"Step (\d+) · path (\w+) · verified \d+ tokens in one target forward · accepted (\d+)", opened)
+    assert m and m.group(2) in ("copy", "neural") and int(m.group(3)) >= 1, opened
+    assert int(float(box.input_value())) == int(m.group(1)), "the slider shows the step the view opened on"
     # the run's last step bounds the slider (the cost gate may copy the whole JSON in a few steps)
     page.wait_for_function("Number(document.querySelector('#inspect-step input[type=number]').max) >= 1",
                            timeout=30_000)
@@ -156,3 +164,35 @@ def test_serving_view_runs_sd_and_psd(page):
     gantt = page.locator("#sv-gantt").inner_text()
     assert "PSD (draft and verify overlap) · drafter" in gantt and "SD (draft, then verify) · target" in gantt
     shot(page, "serving")
+
+
+@pytest.mark.parametrize("name", ["Copy: JSON echo", "Math: accidental repetition"])
+def test_preset_shows_its_regime(page, name):
+    """Pick a preset: its prompt and regime note appear; generating (SwitchSD, float32) shows the regime's path:
+    the JSON echo commits most of its tokens from copies; on the math prompt, whose short repeats prompt lookup
+    drafts on most steps, the probe keeps the copy path to a few steps."""
+    from app.resources import Resources
+    from app.studio import PRESETS
+    if Resources().default_method() != "switchsd":
+        pytest.skip("the regimes need the shipped probe")
+    page.get_by_role("tab", name="Generate").click()
+    page.locator("#preset input").click()
+    page.get_by_role("option", name=name).click()
+    page.wait_for_function(f"document.querySelector('#prompt textarea').value === {PRESETS[name].prompt!r}",
+                           timeout=30_000)
+    assert PRESETS[name].regime[:40] in page.locator("#preset-regime").inner_text()
+    page.locator('#precision input[value="float32"]').check()
+    page.locator("#run").click()
+    # the previous run's "Done" line stays until this run's first frame ("Starting…", then "Generating…")
+    page.wait_for_function("!document.querySelector('#status').innerText.includes('Done')", polling=50,
+                           timeout=60_000)
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Done')", polling=250,
+                           timeout=180_000)
+    status = page.locator("#status").inner_text()
+    paths = page.evaluate("[...document.querySelectorAll('#tokens .tok')].map(t => t.dataset.path)")
+    if name.startswith("Copy"):
+        assert paths.count("copy") > len(paths) / 2, (paths, status)
+    else:
+        m = re.search(r"copy (\d+)% of steps", status)
+        assert m is None or int(m.group(1)) < 25, status
+    shot(page, "preset_" + name.split(":")[0].lower())
