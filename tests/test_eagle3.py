@@ -642,3 +642,38 @@ def test_confidence_gate_drafts_sure_chains_and_skips_unsure_ones():
         assert info["neural_conf"] == stub.confs[:depth]
         if choice == "neural":
             assert drafters == [stub] and info["neural_depth"] == 4
+
+
+@pytest.mark.slow
+def test_confidence_gate_sampling_follows_the_target(target, trained_head):
+    """Sampled chains drafted by the confidence gate (the chain is sampled once, in select, and handed to verify):
+    the first two tokens follow the target's law at T = 0.7, top-k 8; drafts are accepted; the unfiltered T = 1 law
+    is rejected (negative control)."""
+    from collections import Counter
+    from helpers import chisq_pvalue
+    from switchsd.core.config import SamplingConfig
+    from switchsd.core.costs import VerifyCost
+    from switchsd.core.policies import CostAware
+    from switchsd.core.verify import target_probs
+    sampling = SamplingConfig(0.7, 8)
+    prompt = random_prompt(301, 7)
+    runs, first, pairs, accepted, drafted = 1000, Counter(), Counter(), 0, 0
+    for i in range(runs):
+        drafter = Eagle3Drafter(trained_head, target, chain=True, gamma=2, sampling=sampling,
+                                generator=torch.Generator().manual_seed(i + 2_000_003))
+        policy = CostAware(None, drafter, None, VerifyCost({1: 10.0, 2: 10.2, 4: 10.5}), confidence=True)
+        eng = Engine(target, policy, EngineConfig(max_new_tokens=2, budget=8, sampling=sampling, stop_at_eos=False), ())
+        gen = eng.run(prompt, generator=torch.Generator().manual_seed(i))
+        drafted += gen.events[0].path == "neural"
+        accepted += len(gen.events[0].accepted) > 0
+        first[(gen.token_ids[0],)] += 1
+        pairs[tuple(gen.token_ids[:2])] += 1
+    with torch.no_grad():
+        l1 = target(input_ids=torch.tensor([prompt])).logits[0, -1]
+        l2 = target(input_ids=torch.tensor([prompt + [x] for x in range(V)])).logits[:, -1]
+    p1, p2 = target_probs(l1, sampling).double(), target_probs(l2, sampling).double()
+    assert drafted > 0.5 * runs and accepted > 0.04 * runs, (drafted, accepted)
+    assert chisq_pvalue(first, {(x,): float(p1[x]) for x in range(V)}) > 1e-3
+    assert chisq_pvalue(pairs, {(a, b): float(p1[a] * p2[a, b]) for a in range(V) for b in range(V)}) > 1e-3
+    q1 = torch.softmax(l1.double(), -1)
+    assert chisq_pvalue(first, {(x,): float(q1[x]) for x in range(V)}) < 1e-6
