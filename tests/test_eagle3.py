@@ -481,6 +481,32 @@ def test_trained_head_greedy_equals_vanilla_with_accepted_drafts(target, trained
         assert branch > 0                                             # a non-first candidate (a branch) accepted
 
 
+def _two_token_law_check(target, prompt, sampling, runs: int, policy) -> list:
+    """Run `runs` two-token generations (run i: `policy(i)`, verifier seed i) and check the first token and the
+    first pair follow the target's filtered law (chi-square), and that the first token is rejected as the
+    unfiltered T = 1 law (negative control). Returns each run's first StepEvent."""
+    from collections import Counter
+    from helpers import chisq_pvalue
+    from switchsd.core.verify import target_probs
+    first, pairs, events = Counter(), Counter(), []
+    for i in range(runs):
+        eng = Engine(target, policy(i), EngineConfig(max_new_tokens=2, budget=8, sampling=sampling,
+                                                     stop_at_eos=False), ())
+        gen = eng.run(prompt, generator=torch.Generator().manual_seed(i))
+        events.append(gen.events[0])
+        first[(gen.token_ids[0],)] += 1
+        pairs[tuple(gen.token_ids[:2])] += 1
+    with torch.no_grad():
+        l1 = target(input_ids=torch.tensor([prompt])).logits[0, -1]
+        l2 = target(input_ids=torch.tensor([prompt + [x] for x in range(V)])).logits[:, -1]
+    p1, p2 = target_probs(l1, sampling).double(), target_probs(l2, sampling).double()
+    assert chisq_pvalue(first, {(x,): float(p1[x]) for x in range(V)}) > 1e-3
+    assert chisq_pvalue(pairs, {(a, b): float(p1[a] * p2[a, b]) for a in range(V) for b in range(V)}) > 1e-3
+    q1 = torch.softmax(l1.double(), -1)
+    assert chisq_pvalue(first, {(x,): float(q1[x]) for x in range(V)}) < 1e-6
+    return events
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("chain,temperature,top_k,top_p", [(True, 0.7, 8, 1.0), (True, 1.3, 0, 0.9),
                                                            (False, 1.3, 10, 1.0), (False, 0.7, 6, 0.95)])
@@ -488,32 +514,20 @@ def test_trained_head_sampling_follows_the_filtered_target(target, trained_head,
     """Sampled EAGLE-3 chains (q over the target vocabulary through d2t) and trees (point masses) at T 0.7 / 1.3
     with top-k / top-p: the first two tokens follow the filtered target law; drafts are accepted often; the
     unfiltered T = 1 law is rejected (negative control)."""
-    from collections import Counter
-    from helpers import chisq_pvalue
     from switchsd.core.config import SamplingConfig
-    from switchsd.core.verify import target_probs
     sampling = SamplingConfig(temperature, top_k, top_p)
     prompt = random_prompt(301, 7)
-    runs, first, pairs, accepted = 1500, Counter(), Counter(), 0
-    for i in range(runs):
+    runs = 1500
+
+    def policy(i):
         drafter = Eagle3Drafter(trained_head, target, TreeConfig(3, 2, 6), chain=chain, gamma=2, sampling=sampling,
                                 generator=torch.Generator().manual_seed(i + 1_000_003))
-        policy = build_policy("eagle3", (), CopyConfig(), drafter, neural_cfg=NeuralConfig(
+        return build_policy("eagle3", (), CopyConfig(), drafter, neural_cfg=NeuralConfig(
             shape="chain" if chain else "tree"))
-        eng = Engine(target, policy, EngineConfig(max_new_tokens=2, budget=8, sampling=sampling, stop_at_eos=False), ())
-        gen = eng.run(prompt, generator=torch.Generator().manual_seed(i))
-        accepted += len(gen.events[0].accepted) > 0
-        first[(gen.token_ids[0],)] += 1
-        pairs[tuple(gen.token_ids[:2])] += 1
-    with torch.no_grad():
-        l1 = target(input_ids=torch.tensor([prompt])).logits[0, -1]
-        l2 = target(input_ids=torch.tensor([prompt + [x] for x in range(V)])).logits[:, -1]
-    p1, p2 = target_probs(l1, sampling).double(), target_probs(l2, sampling).double()
+
+    first_steps = _two_token_law_check(target, prompt, sampling, runs, policy)
+    accepted = sum(len(e.accepted) > 0 for e in first_steps)
     assert accepted > 0.04 * runs, f"setup: drafts must be accepted ({accepted}/{runs})"
-    assert chisq_pvalue(first, {(x,): float(p1[x]) for x in range(V)}) > 1e-3
-    assert chisq_pvalue(pairs, {(a, b): float(p1[a] * p2[a, b]) for a in range(V) for b in range(V)}) > 1e-3
-    q1 = torch.softmax(l1.double(), -1)
-    assert chisq_pvalue(first, {(x,): float(q1[x]) for x in range(V)}) < 1e-6
 
 
 @pytest.mark.parametrize("temperature,top_k", [(0.15, 0), (0.2, 6)])
@@ -649,31 +663,19 @@ def test_confidence_gate_sampling_follows_the_target(target, trained_head):
     """Sampled chains drafted by the confidence gate (the chain is sampled once, in select, and handed to verify):
     the first two tokens follow the target's law at T = 0.7, top-k 8; drafts are accepted; the unfiltered T = 1 law
     is rejected (negative control)."""
-    from collections import Counter
-    from helpers import chisq_pvalue
     from switchsd.core.config import SamplingConfig
     from switchsd.core.costs import VerifyCost
     from switchsd.core.policies import CostAware
-    from switchsd.core.verify import target_probs
     sampling = SamplingConfig(0.7, 8)
     prompt = random_prompt(301, 7)
-    runs, first, pairs, accepted, drafted = 1000, Counter(), Counter(), 0, 0
-    for i in range(runs):
+    runs = 1000
+
+    def policy(i):
         drafter = Eagle3Drafter(trained_head, target, chain=True, gamma=2, sampling=sampling,
                                 generator=torch.Generator().manual_seed(i + 2_000_003))
-        policy = CostAware(None, drafter, None, VerifyCost({1: 10.0, 2: 10.2, 4: 10.5}), confidence=True)
-        eng = Engine(target, policy, EngineConfig(max_new_tokens=2, budget=8, sampling=sampling, stop_at_eos=False), ())
-        gen = eng.run(prompt, generator=torch.Generator().manual_seed(i))
-        drafted += gen.events[0].path == "neural"
-        accepted += len(gen.events[0].accepted) > 0
-        first[(gen.token_ids[0],)] += 1
-        pairs[tuple(gen.token_ids[:2])] += 1
-    with torch.no_grad():
-        l1 = target(input_ids=torch.tensor([prompt])).logits[0, -1]
-        l2 = target(input_ids=torch.tensor([prompt + [x] for x in range(V)])).logits[:, -1]
-    p1, p2 = target_probs(l1, sampling).double(), target_probs(l2, sampling).double()
+        return CostAware(None, drafter, None, VerifyCost({1: 10.0, 2: 10.2, 4: 10.5}), confidence=True)
+
+    first_steps = _two_token_law_check(target, prompt, sampling, runs, policy)
+    drafted = sum(e.path == "neural" for e in first_steps)
+    accepted = sum(len(e.accepted) > 0 for e in first_steps)
     assert drafted > 0.5 * runs and accepted > 0.04 * runs, (drafted, accepted)
-    assert chisq_pvalue(first, {(x,): float(p1[x]) for x in range(V)}) > 1e-3
-    assert chisq_pvalue(pairs, {(a, b): float(p1[a] * p2[a, b]) for a in range(V) for b in range(V)}) > 1e-3
-    q1 = torch.softmax(l1.double(), -1)
-    assert chisq_pvalue(first, {(x,): float(q1[x]) for x in range(V)}) < 1e-6

@@ -179,13 +179,17 @@ class CostAware:
             self._curve[key] = self.cost.ms(rows, limit)
         return self.scale * self._curve[key]
 
+    def _neural_tree(self):
+        """The neural drafter's tree config when it drafts trees, else None (it drafts chains)."""
+        tree = getattr(self.neural, "tree", None)
+        return tree if tree is not None and not getattr(self.neural, "chain", True) and tree.top_k > 1 else None
+
     def _neural_shapes(self, max_len: int, rows: int) -> list[tuple[int, int]]:
         """(depth, verify rows) of each neural shape on offer."""
-        d = self.neural
-        tree = getattr(d, "tree", None)
-        if tree is not None and not getattr(d, "chain", True) and tree.top_k > 1:
+        tree = self._neural_tree()
+        if tree is not None:
             return [(min(tree.depth, max_len), min(tree.total_tokens + 1, rows))]
-        g = min(getattr(d, "gamma", 1), max_len, rows - 1)
+        g = min(getattr(self.neural, "gamma", 1), max_len, rows - 1)
         return [(n, n + 1) for n in range(1, g + 1)]
 
     @staticmethod
@@ -239,7 +243,7 @@ class CostAware:
         shapes = self._neural_shapes(state.max_len, limit) if self.neural is not None and state.max_len > 0 \
             and limit > 1 else []
         confs, sunk = None, 0.0
-        if self.confidence and shapes and shapes[0][1] == shapes[0][0] + 1:      # chains: draft first, then price
+        if self.confidence and shapes and self._neural_tree() is None:      # chains: draft first, then price
             t = time.perf_counter()
             confs = self._confident_chain(state, shapes[-1][0], limit, V)
             sunk = 1000 * (time.perf_counter() - t)      # spent whatever runs next: every option carries it

@@ -115,10 +115,9 @@ class Eagle3Drafter:
             draft = self.held[0]
             n = min(req.max_len, len(draft.candidates[0]))
             return Draft([draft.candidates[0][:n]], q=[draft.q[0][:n]] if draft.q else None) if n > 0 else Draft([])
-        if req.max_len < 1 or (not self.pending and self.last_out is None):
+        last = self._ready(req)
+        if last is None:
             return Draft([])
-        # proposing twice without a commit in between (e.g. a shadow analysis) reuses the last output
-        last = self._catch_up() if self.pending else self.last_out
         base = self.synced        # position of the first draft input (it carries the first draft token)
         if self.chain or self.tree.top_k == 1:
             return self._chain(last, base, min(self.gamma, req.max_len))[0]
@@ -130,11 +129,18 @@ class Eagle3Drafter:
         c_i = the head's probability of draft token i (its top-1 probability when greedy). Held for this step's
         `propose`, which returns a prefix of it (no second drafting)."""
         self.held = None
-        if req.max_len < 1 or (not self.pending and self.last_out is None):
+        last = self._ready(req)
+        if last is None:
             return Draft([]), []
-        last = self._catch_up() if self.pending else self.last_out
         self.held = self._chain(last, self.synced, min(self.gamma, req.max_len), keep)
         return self.held
+
+    def _ready(self, req: DraftRequest) -> torch.Tensor | None:
+        """The head's output the draft starts from [H], after feeding the pending features; None: no draft.
+        Proposing twice without a commit in between (e.g. a shadow analysis) reuses the last output."""
+        if req.max_len < 1 or (not self.pending and self.last_out is None):
+            return None
+        return self._catch_up() if self.pending else self.last_out
 
     def _chain(self, out: torch.Tensor, base: int, n: int,
                keep: Callable[[int, float], bool] | None = None) -> tuple[Draft, list[float]]:
