@@ -9,7 +9,7 @@ Every point resumes (the trainer checkpoints; a finished point is skipped); resu
 `--points R+T,...` trains on the first R regenerated and the first T teacher-forced answers (ShareGPT's own,
 `regen_sharegpt --teacher-forced`) per point instead: with `--steps` fixed, the data-source A/B at equal compute
 
-    python scripts/eagle3_scaling.py --points 692+0,0+2798 --steps 32 --init assets/eagle3-smollm2-135m --revocab
+    python scripts/eagle3_scaling.py --points 692+0,0+2798 --steps 32 --init assets/eagle3-smollm2-135m-v2 --revocab
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import torch
 from helpers import (VOCAB, chisq_pvalue, greedy_reference, looping_prompt, make_tiny_model, random_prompt,
                      repetitive_prompt)
 from switchsd.core.config import CopyConfig, EngineConfig, GateConfig, SamplingConfig
-from switchsd.core.costs import EmaTimer, Survival, VerifyCost
+from switchsd.core.costs import EmaTimer, Survival, VerifyCost, VerifyScale
 from switchsd.drafters.draft_model import DraftModelDrafter
 from switchsd.core.engine import Engine
 from switchsd.core.methods import build_policy
@@ -52,6 +52,25 @@ def test_survival_and_timer_estimates():
     t.add(2, 4.0)
     t.add(2, 8.0)
     assert t.get(2) == 6.0 and t.get(4) == 12.0
+
+
+def test_verify_scale_learns_each_row_count_apart():
+    v = VerifyScale(alpha=0.5, prior=4.0)
+    assert v.get(1) == v.get(5) == 1.0                  # nothing seen: the curve as calibrated
+    v.update(1, 2.0)
+    assert v.own[1] == v.pooled[False] == 1.5           # from the price (1.0), alpha of the way to the ratio
+    for _ in range(20):
+        v.update(1, 1.2)                                # plain steps run 1.2x the curve
+    assert v.get(1) == pytest.approx(1.2) and v.get(3) == pytest.approx(1.2)   # unseen rows: the one-row ratio
+    v.update(3, 1.6)                                    # one drafted forward: own and pooled 1.2 -> 1.4
+    assert v.get(3) == pytest.approx(1.4) and v.get(2) == pytest.approx(1.4) and v.get(1) == pytest.approx(1.2)
+    for _ in range(30):
+        v.update(3, 1.4)
+        v.update(2, 2.0)
+    assert v.get(3) == pytest.approx(1.4, abs=0.15) and v.get(2) == pytest.approx(2.0, abs=0.15)
+    assert v.get(1) == pytest.approx(1.2)               # the plain steps' price is not dragged up
+    v.update(4, 100.0)                                  # a stalled forward is clipped
+    assert v.own[4] <= v.hi
 
 
 def _probe(model, seed=0):
@@ -195,11 +214,11 @@ def test_auto_format_int4_only_for_4bit_models(tmp_path, monkeypatch):
     from switchsd.target.models import DTYPES, auto_format, dtype_choice_path
     monkeypatch.setenv("SWITCHSD_CACHE", str(tmp_path))
     from switchsd.target import models
-    native = models.cpu_has_native_bf16()
-    assert auto_format("cpu", int4_ok=True) == ("int4" if available() and native else auto_format("cpu"))
+    assert auto_format("cpu", int4_ok=True) == ("int4" if available() else auto_format("cpu"))
     assert auto_format("cpu") in DTYPES and auto_format("cuda", int4_ok=True) == "bfloat16"
     monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: False)      # an AVX2-only CPU, uncalibrated
-    assert auto_format("cpu", int4_ok=True) == "float32" and auto_format("cpu") == "float32"
+    assert auto_format("cpu", int4_ok=True) == ("int4" if available() else "float32")
+    assert auto_format("cpu") == "float32"
     monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: True)
     assert auto_format("cpu", int4_ok=True) == ("int4" if available() else "bfloat16")
     p = dtype_choice_path("cpu")

@@ -51,6 +51,22 @@ def test_gguf_blocks_into_the_kernel_are_the_gguf_weights_bit_for_bit(kind):
     assert (wb(x.bfloat16()).double() - y).abs().max() < 0.05 * y.abs().max() and wb._dense is not None
 
 
+def test_wide_bfloat16_products_run_in_float32_where_bf16_is_emulated(monkeypatch):
+    from switchsd.target import dense
+    raw, w = _blocks("Q4_1", 48, 128)
+    x = torch.randn(40, 128).bfloat16()                                      # > 32 rows: a prefill's width
+    for native in (True, False):
+        monkeypatch.setattr(dense, "cpu_has_native_bf16", lambda: native)
+        lin = Int4Linear(*q4_groups(raw, "Q4_1"), torch.bfloat16)
+        ref = x.float() @ lin.dequantized().t()          # the kernel's weights (bfloat16 scales and zeros)
+        y = lin(x)
+        assert y.dtype == torch.bfloat16 and y.shape == (40, 48)
+        if native:     # oneDNN's bfloat16 product over bfloat16-rounded weights
+            assert (y.float() - ref).abs().max() < 0.05 * ref.abs().max()
+        else:          # float32 arithmetic over the same weights, rounded once at the end
+            assert ((y.float() - ref).abs() <= 1e-5 + 2 ** -8 * ref.abs()).all()      # one bf16 rounding each
+
+
 def test_q8_blocks_as_two_int4_halves_are_the_gguf_weights():
     from gguf import GGMLQuantizationType, dequantize
     from switchsd.target.int4 import Int8Head, q8_halves

@@ -8,6 +8,8 @@
   draft position, from decayed counts with a prior. `expected(d)` = expected accepted tokens of a d-deep draft.
 - `Calibration`: online acceptance of a draft token given the drafter's own probability of it (the cost gate's
   `confidence` mode prices each neural chain by its tokens' probabilities).
+- `VerifyScale`: what verify forwards actually take over what the curve says, per row count (a drafted
+  forward's overhead, masks and tree bookkeeping, is not a plain step's).
 - `EmaTimer`: a drafter's own measured cost per draft length.
 """
 from __future__ import annotations
@@ -142,6 +144,37 @@ class Calibration:
         b = self.bin(c)
         self.trials[b] = self.trials[b] * self.decay + 1.0
         self.hits[b] = self.hits[b] * self.decay + float(hit)
+
+
+@dataclass
+class VerifyScale:
+    """Measured verify ms / calibrated ms, learnt online. One-row forwards (most steps) and multi-row ones can
+    drift apart from the curve differently, so each row count keeps its own moving ratio, blended with a pooled
+    one (one-row forwards, or all multi-row forwards) by its evidence, weight n / (n + `prior`). Every ratio
+    starts from what the forward was priced at (1: the curve as calibrated) and moves by `alpha` per forward."""
+    alpha: float = 0.1
+    prior: float = 4.0
+    lo: float = 0.2              # ratios are clipped to [lo, hi]: one stalled forward must not swing the gate
+    hi: float = 5.0
+    own: dict[int, float] = field(default_factory=dict)
+    seen: dict[int, float] = field(default_factory=dict)
+    pooled: dict[bool, float] = field(default_factory=dict)    # {multi-row: ratio}
+
+    def update(self, rows: int, ratio: float) -> None:
+        r = min(max(ratio, self.lo), self.hi)
+        old = self.own.get(rows, self.get(rows))    # a new row count starts from what it was priced at
+        self.own[rows] = (1 - self.alpha) * old + self.alpha * r
+        old = self.pooled.get(rows > 1, self.pooled.get(False, 1.0))   # pooled: from the curve as calibrated
+        self.pooled[rows > 1] = (1 - self.alpha) * old + self.alpha * r
+        self.seen[rows] = min(self.seen.get(rows, 0.0) + 1.0, 1e6)
+
+    def get(self, rows: int) -> float:
+        base = self.pooled.get(rows > 1, self.pooled.get(rows == 1, 1.0))
+        n = self.seen.get(rows, 0.0)
+        if n == 0:
+            return base
+        w = n / (n + self.prior)
+        return w * self.own[rows] + (1 - w) * base
 
 
 @dataclass

@@ -15,7 +15,7 @@ from itertools import accumulate
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from .costs import Calibration, EmaTimer, Survival, VerifyCost
+from .costs import Calibration, EmaTimer, Survival, VerifyCost, VerifyScale
 from ..drafters.base import Drafter, DraftRequest
 
 
@@ -135,7 +135,7 @@ class CostAware:
     over: a plain step; the copy trie cut at each depth d (when plausible); a neural chain of each length
     1..gamma (or the configured tree). Expected acceptance is learnt online per path (`Survival`), for the
     copy path per probe-score bucket; verify ms come from the device's calibrated curve (`VerifyCost`, padded
-    envelope), rescaled by what the verify forwards actually take; drafter ms are measured (`EmaTimer`).
+    envelope), rescaled by what the verify forwards of each row count actually take (`VerifyScale`); drafter ms are measured (`EmaTimer`).
     When the best option is a plain step, the neural drafter is re-tried (chain 1) once every K plain steps,
     K chosen so that such probes cost at most `explore` of the time.
     A `lookup` drafter (prompt lookup: continuations of the last 1-2 tokens' earlier occurrences, <= 10 tokens,
@@ -167,7 +167,7 @@ class CostAware:
         self.copy_ms = EmaTimer(guess_ms=0.002 * base)
         self.lookup_ms = EmaTimer(guess_ms=0.002 * base)
         self.neural_ms = EmaTimer(guess_ms=0.05 * base)
-        self.scale = 1.0                     # measured verify time / calibrated curve
+        self.scale = VerifyScale()           # measured verify time / calibrated curve, per row count
         self._curve: dict[tuple[int, int], float] = {}
         self.plain_run = 0                   # plain steps since the neural drafter last ran
         self._chosen: dict = {}
@@ -177,7 +177,7 @@ class CostAware:
         key = (rows, limit)       # the curve is fixed: look each size up once, not ~100 times per step
         if key not in self._curve:
             self._curve[key] = self.cost.ms(rows, limit)
-        return self.scale * self._curve[key]
+        return self.scale.get(rows) * self._curve[key]
 
     def _neural_tree(self):
         """The neural drafter's tree config when it drafts trees, else None (it drafts chains)."""
@@ -308,8 +308,7 @@ class CostAware:
         rows = len(event.tree_tokens)
         verify_ms = 1000 * event.timings.get("verify", 0.0)
         if verify_ms > 0:
-            ratio = verify_ms / self.cost.ms(rows)
-            self.scale = 0.9 * self.scale + 0.1 * min(max(ratio, 0.2), 5.0)
+            self.scale.update(rows, verify_ms / self.cost.ms(rows))
         if not event.candidates:
             return
         draft_ms = 1000 * event.timings.get("draft", 0.0)

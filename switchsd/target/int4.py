@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .dense import Dense
+from .dense import wide_product
 
 GROUP = 32
 PROJ = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -81,7 +81,7 @@ class Int8Head:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() // self.in_features > self.wide_rows:
             if self._dense is None:
-                self._dense = Dense(self.dequantized(), self.dtype)
+                self._dense = wide_product(self.dequantized(), self.dtype)
             return self._dense(x)
         return self.hi(x) + self.lo(x)
 
@@ -134,7 +134,7 @@ class Int4Linear(torch.nn.Module):
         rows = x.numel() // self.in_features
         if rows > self.wide_rows:
             if self._dense is None:
-                self._dense = Dense(self.dequantized(), self.dtype)             # [N, K], made on first use
+                self._dense = wide_product(self.dequantized(), self.dtype)             # [N, K], made on first use
             return self._dense(x)
         y = _INT4_MM(x.reshape(rows, self.in_features).contiguous(), self.packed, GROUP, self.sz)  # [rows, N]
         return y.view(*x.shape[:-1], self.out_features)

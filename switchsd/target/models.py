@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from .dense import cpu_has_native_bf16
 from .int4 import available as int4_available
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -82,21 +83,13 @@ def dtype_choice_path(device: str) -> Path:
     return cache_dir() / "calibration" / f"dtype-{device.split(':')[0]}.json"
 
 
-def cpu_has_native_bf16() -> bool:
-    """AVX-512 BF16 or AMX: bfloat16 matrix products run natively (oneDNN) and decode faster than float32."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(f in flags for f in (" avx512_bf16", " amx_bf16"))
-
-
 def auto_format(device: str, int4_ok: bool = False) -> str:
     """The format that decodes fastest on `device`: bfloat16 on CUDA; on a CPU what `python -m switchsd.calibrate`
-    measured as fastest (an int4 format only for models loaded from a 4-bit GGUF, `int4_ok`); uncalibrated, on a
-    CPU with native bf16 (AVX-512 BF16 / AMX), int4 for such models (a quarter of bfloat16's weight bytes: 1.8x
-    faster one-token forwards on the 2-core reference CPU, docs/results.md) and bfloat16 for the others; float32
-    on other CPUs (int4 computes in bfloat16, which they only emulate; `calibrate` can still measure and pick it)."""
+    measured as fastest (an int4 format only for models loaded from a 4-bit GGUF, `int4_ok`); uncalibrated, int4
+    for such models (a quarter of bfloat16's weight bytes: one-token forwards of the offline model 1.8x faster
+    than float32 on an AVX-512 BF16 CPU and on an AVX2-only one alike, docs/results.md; prefills run in float32
+    where bf16 is emulated, `dense.wide_product`); for dense models bfloat16 on a CPU with native bf16 (AVX-512
+    BF16 / AMX), else float32 (emulated bf16 makes their prefills several times slower)."""
     if device.startswith("cuda"):
         return "bfloat16"
     try:
@@ -106,10 +99,9 @@ def auto_format(device: str, int4_ok: bool = False) -> str:
             return fastest
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    native = cpu_has_native_bf16()
-    if int4_ok and int4_available() and native:      # int4 computes in bfloat16: emulated without AVX-512 BF16
+    if int4_ok and int4_available():
         return "int4"
-    return "bfloat16" if native else "float32"
+    return "bfloat16" if cpu_has_native_bf16() else "float32"
 
 
 def auto_dtype(device: str) -> torch.dtype:

@@ -1,7 +1,7 @@
 """Train an EAGLE-3 head for a target model by self-distillation, on CPU or GPU.
 
     python -m switchsd.train_eagle3 --model smollm2-135m-instruct --work runs/eagle3 \
-        --prompts 2000 --epochs 3 --out assets/eagle3-smollm2-135m
+        --prompts 2000 --epochs 3 --out runs/eagle3/head
     python -m switchsd.train_eagle3 --sharegpt ~/.cache/switchsd/eagle3/sharegpt --steps 200 --out runs/head
 
 Stages (each resumes): 1. the target answers a varied prompt set (switchsd.training.prompts, never benchmark
@@ -188,7 +188,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", "--target", dest="model", default=None,
                     help="target model (default: offline SmolLM2-135M-Instruct); --target is the old name")
     ap.add_argument("--work", default="runs/eagle3", help="cache folder for data and checkpoints")
-    ap.add_argument("--out", default="assets/eagle3-smollm2-135m")
+    ap.add_argument("--out", default="runs/eagle3/head", help="where the head is written (the shipped one is "
+                    "assets/eagle3-smollm2-135m: pass it explicitly to replace it)")
     ap.add_argument("--prompts", type=int, default=2000, help="prompts the target answers (0: only reuse the "
                     "shards already cached in WORK/data)")
     ap.add_argument("--seed", type=int, default=0)
