@@ -8,8 +8,8 @@
   draft position, from decayed counts with a prior. `expected(d)` = expected accepted tokens of a d-deep draft.
 - `Calibration`: online acceptance of a draft token given the drafter's own probability of it (the cost gate's
   `confidence` mode prices each neural chain by its tokens' probabilities).
-- `VerifyScale`: what verify forwards actually take over what the curve says, per row count (a drafted
-  forward's overhead, masks and tree bookkeeping, is not a plain step's).
+- `VerifyScale`: what verify forwards actually take over what the curve says, per row count (in the engine,
+  interleaved with drafting, multi-row forwards drift from the calibrated curve more than one-row ones).
 - `EmaTimer`: a drafter's own measured cost per draft length.
 """
 from __future__ import annotations
@@ -169,7 +169,8 @@ class VerifyScale:
         self.seen[rows] = min(self.seen.get(rows, 0.0) + 1.0, 1e6)
 
     def get(self, rows: int) -> float:
-        base = self.pooled.get(rows > 1, self.pooled.get(rows == 1, 1.0))
+        multi = rows > 1
+        base = self.pooled.get(multi, self.pooled.get(not multi, 1.0))    # the other pool until this one exists
         n = self.seen.get(rows, 0.0)
         if n == 0:
             return base

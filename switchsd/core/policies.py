@@ -135,7 +135,8 @@ class CostAware:
     over: a plain step; the copy trie cut at each depth d (when plausible); a neural chain of each length
     1..gamma (or the configured tree). Expected acceptance is learnt online per path (`Survival`), for the
     copy path per probe-score bucket; verify ms come from the device's calibrated curve (`VerifyCost`, padded
-    envelope), rescaled by what the verify forwards of each row count actually take (`VerifyScale`); drafter ms are measured (`EmaTimer`).
+    envelope), rescaled by what the verify forwards of each row count actually take (`VerifyScale`); drafter ms
+    are measured (`EmaTimer`).
     When the best option is a plain step, the neural drafter is re-tried (chain 1) once every K plain steps,
     K chosen so that such probes cost at most `explore` of the time.
     A `lookup` drafter (prompt lookup: continuations of the last 1-2 tokens' earlier occurrences, <= 10 tokens,
