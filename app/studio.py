@@ -158,7 +158,7 @@ def race_tab(res: Resources, precision: gr.Radio, chat: gr.Checkbox) -> None:
             prompt = gr.Textbox(label="Prompt", lines=3, value=PRESETS["Copy: code rewrite"].prompt,
                                 elem_id="race-prompt", scale=3)
             with gr.Column(scale=1):
-                max_new = gr.Slider(1, 512, value=96, step=1, label="Max new tokens")
+                max_new = gr.Slider(1, 512, value=96, step=1, label="Max new tokens", elem_id="race-max-new")
                 with_vanilla = gr.Checkbox(value=True, label="Show the vanilla lane")
                 run = gr.Button("Race", variant="primary", elem_id="race-run")
         out = {"status": gr.Markdown(elem_id="race-status"), "lanes": gr.HTML(elem_id="race-lanes")}

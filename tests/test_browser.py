@@ -78,6 +78,9 @@ def test_race_three_lanes(page):
     if Resources().default_method() != "switchsd":
         pytest.skip("the race needs the shipped EAGLE3 head and probe")
     page.get_by_role("tab", name="Race").click()
+    box = page.locator("#race-max-new input[type=number]")      # four lanes of 40 tokens: the suite's time budget
+    box.fill("40")
+    box.press("Enter")
     page.locator("#race-run").click()
     page.wait_for_function("document.querySelector('#race-status').innerText.includes('Done') && "
                            "document.querySelectorAll('#race-lanes .ssd-lane').length >= 3", timeout=300_000)
