@@ -134,7 +134,7 @@ class Int4Linear(torch.nn.Module):
         rows = x.numel() // self.in_features
         if rows > self.wide_rows:
             if self._dense is None:
-                self._dense = wide_product(self.dequantized(), self.dtype)             # [N, K], made on first use
+                self._dense = wide_product(self.dequantized(), self.dtype)   # [N, K], made on first use
             return self._dense(x)
         y = _INT4_MM(x.reshape(rows, self.in_features).contiguous(), self.packed, GROUP, self.sz)  # [rows, N]
         return y.view(*x.shape[:-1], self.out_features)

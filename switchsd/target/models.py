@@ -87,7 +87,7 @@ def auto_format(device: str, int4_ok: bool = False) -> str:
     """The format that decodes fastest on `device`: bfloat16 on CUDA; on a CPU what `python -m switchsd.calibrate`
     measured as fastest (an int4 format only for models loaded from a 4-bit GGUF, `int4_ok`); uncalibrated, int4
     for such models (a quarter of bfloat16's weight bytes: one-token forwards of the offline model 1.8x faster
-    than float32 on an AVX-512 BF16 CPU and on an AVX2-only one alike, docs/results.md; prefills run in float32
+    than float32 on an AVX-512 BF16 CPU, 2.6x on an AVX2-only one, docs/results.md; prefills run in float32
     where bf16 is emulated, `dense.wide_product`); for dense models bfloat16 on a CPU with native bf16 (AVX-512
     BF16 / AMX), else float32 (emulated bf16 makes their prefills several times slower)."""
     if device.startswith("cuda"):
