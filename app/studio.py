@@ -79,8 +79,9 @@ def _header(res: Resources) -> tuple[gr.Markdown, gr.Radio]:
         model_status = gr.Markdown(res.status(), elem_id="model-status")
         int4_ok = res.int4_available()
         precision = gr.Radio(["auto", "float32"] + (["int4"] if int4_ok else []), value="auto", elem_id="precision",
-                             label="Precision: auto = the fastest here (bfloat16 on CPUs with native bf16: equal "
-                                   "to vanilla up to near-ties); float32 = token-for-token identical to vanilla"
+                             label="Precision: auto = the fastest here (int4 for a 4-bit GGUF model like the "
+                                   "offline default: every method equals int4 vanilla; else bfloat16 on CPUs with "
+                                   "native bf16: equal up to near-ties); float32 = token-for-token identical to vanilla"
                                    + ("; int4 = the GGUF's own 4-bit weights (CPU)" if int4_ok else ""))
     return model_status, precision
 

@@ -145,7 +145,7 @@ def test_five_clients_stop_disconnect_and_idle(server):
 @pytest.mark.real
 def test_race_leaks_no_hooks_and_state_keeps_no_hidden_vectors():
     """With transformers' forward (hooks capture the probe's and EAGLE-3's hidden states): a race left mid-way
-    and 10 finished races leave no hook on the model; the inspector's state holds no hidden vectors."""
+    and 3 finished races leave no hook on the model; the inspector's state holds no hidden vectors."""
     from app import handlers
     from app.resources import Resources
     res = Resources(forward="hf")
@@ -160,7 +160,7 @@ def test_race_leaks_no_hooks_and_state_keeps_no_hidden_vectors():
     gen.close()                      # the client left
     res.worker.call(lambda: None)    # whatever the thread was doing has finished
     assert hooks() == 0
-    for _ in range(10):
+    for _ in range(3):
         for _frame in handlers.race(res, "Repeat exactly: alpha beta gamma delta.", 6, True, replay_speed=1e9):
             pass
     assert hooks() == 0
