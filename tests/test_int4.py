@@ -169,3 +169,26 @@ def test_studio_offers_int4_only_for_gguf_models_on_cpu():
     assert not Resources(device="cuda").int4_available()
     with pytest.raises(UserError, match="int4"):
         Resources(model_name="some/hub-model", device="cpu").lm("int4")
+
+
+def test_int4_attends_in_float32_where_bfloat16_is_emulated(monkeypatch):
+    """Without native bfloat16 the int4 format keeps keys/values and attends in float32 (SDPA's emulated
+    bfloat16 kernel is ~4x slower); decode steps and verify rows share that arithmetic, so every method still
+    gives the model's own vanilla tokens. Dense formats keep their dtype (transformers' arithmetic)."""
+    from switchsd.target import dense
+    from switchsd.target.lean import LeanLlama
+    monkeypatch.setattr(dense, "cpu_has_native_bf16", lambda: True)
+    assert dense.attention_dtype(torch.bfloat16, "cpu") == torch.bfloat16
+    monkeypatch.setattr(dense, "cpu_has_native_bf16", lambda: False)
+    assert dense.attention_dtype(torch.bfloat16, "cpu") == torch.float32
+    assert dense.attention_dtype(torch.bfloat16, "cuda") == torch.bfloat16
+    assert dense.attention_dtype(torch.float64, "cpu") == torch.float64
+    assert LeanLlama(make_tiny_model().to(torch.bfloat16)).att_dtype == torch.bfloat16
+    model = make_tiny_model().to(torch.bfloat16)
+    quantize_to_int4(model)
+    lean = LeanLlama.of(model)
+    assert lean.att_dtype == torch.float32 and lean.new_cache(8).k.dtype == torch.float32
+    prompt = repetitive_prompt(4)
+    ref = make_engine(model, "vanilla", max_new_tokens=24).run(prompt).token_ids
+    for method in (m for m in STANDALONE_METHODS if m != "oracle"):
+        assert make_engine(model, method, max_new_tokens=24).run(prompt).token_ids == ref, method

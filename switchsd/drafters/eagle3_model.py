@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..target.dense import attention_dtype
+
 
 class Eagle3LoadError(ValueError):
     pass
@@ -161,10 +163,14 @@ class Attention(nn.Module):
     def attend(self, q, k, v, mask: torch.Tensor | None) -> torch.Tensor:
         """q [B, h, T, hd]; k, v [B, kvh, S, hd]; mask additive [T, S] or None (full). -> [B, T, H]"""
         rep = self.c.num_attention_heads // self.c.num_key_value_heads
+        dt, out_dt = attention_dtype(q.dtype, q.device), q.dtype   # float32 where 16-bit SDPA is emulated (CPU)
+        if dt != q.dtype:
+            q, k, v = q.to(dt), k.to(dt), v.to(dt)
+            mask = mask.to(dt) if mask is not None and mask.is_floating_point() else mask
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         B, h, T, hd = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, h * hd))
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, h * hd).to(out_dt))
 
 
 class MLP(nn.Module):

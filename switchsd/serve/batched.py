@@ -29,8 +29,8 @@ class BatchedKV:
     def __init__(self, lean: LeanLlama, slots: int, capacity: int):
         shape = (lean.n_layers, slots, lean.kv_heads, max(1, capacity), lean.head_dim)
         with torch.inference_mode():
-            self.k = torch.zeros(shape, dtype=lean.dtype, device=lean.device)
-            self.v = torch.zeros(shape, dtype=lean.dtype, device=lean.device)
+            self.k = torch.zeros(shape, dtype=lean.att_dtype, device=lean.device)
+            self.v = torch.zeros(shape, dtype=lean.att_dtype, device=lean.device)
         self.lens = [0] * slots
 
     @property
@@ -84,6 +84,7 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     mask [b, 1, 1, S] additive -> [b, H, 1, hd]. On CPU, SDPA's kernel spends ~10 ms per layer on 32 one-token
     rows over 400 keys; these products well under one (measured for the regeneration loop)."""
     b, H, _, hd = q.shape
+    q = q.to(keys.dtype)
     KV, S = keys.shape[1], keys.shape[2]
     g = H // KV
     # keys as the left operand keep their cache layout (a transposed right operand is copied first)
@@ -115,6 +116,8 @@ def batched_forward(lean: LeanLlama, ids: torch.Tensor, cache: BatchedKV, pos: t
     rr = torch.arange(first_slot, first_slot + b, device=dev)[:, None].expand(b, T)
     pp = torch.tensor(lens, device=dev)[:, None] + torch.arange(T, device=dev)[None]      # [b, T] write slots
     causal = mask is None
+    if mask is not None and mask.is_floating_point():
+        mask = mask.to(lean.att_dtype)
     if causal and (len(set(lens)) != 1 or (T > 1 and lens[0] > 0)):
         raise ValueError("a causal batched forward needs rows of equal length (and, for T > 1, no cached "
                          "prefix): pass a mask")

@@ -26,6 +26,7 @@ import torch
 from ..core.costs import VerifyCost
 from ..io import write_text_atomic
 from . import int4
+from .dense import attention_dtype
 from .models import INT4, NOT_AUTO, LoadedModel, cache_dir, dtype_choice_path, gguf_model, load_model
 from .forward import FORWARDS, make_target, resolve_forward
 
@@ -38,8 +39,12 @@ def calibration_path(lm: LoadedModel, forward: str = "auto") -> Path:
     """One curve per model, device, dtype and forward (the lean forward, or transformers' with its kernel)."""
     safe = lm.name.replace("/", "--")
     kind = resolve_forward(lm.model, forward)
-    return (cache_dir() / "calibration" /
-            f"{safe}-{lm.device.type}-{lm.precision}-{'lean' if kind == 'lean' else lm.attn}.json")
+    if kind == "lean":          # a lean forward attending in another dtype than its activations is another curve
+        att = attention_dtype(lm.dtype, lm.device) if lm.precision in INT4 else lm.dtype   # (`LeanLlama.att_dtype`)
+        kind = "lean" if att == lm.dtype else f"lean-attn-{str(att).replace('torch.', '')}"
+    else:
+        kind = lm.attn
+    return cache_dir() / "calibration" / f"{safe}-{lm.device.type}-{lm.precision}-{kind}.json"
 
 
 @torch.inference_mode()

@@ -24,6 +24,18 @@ def cpu_has_native_bf16() -> bool:
     return any(f in flags for f in (" avx512_bf16", " amx_bf16"))
 
 
+def attention_dtype(dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
+    """The dtype the int4 format's lean forward (and an EAGLE-3 head) keeps keys/values and attends in.
+    16-bit activations on a CPU without native 16-bit arithmetic attend in float32: SDPA's CPU kernel in
+    emulated bfloat16 costs ~4x its float32 time for one query row (AVX2-only EPYC, 9 heads over 300 keys:
+    288 us vs 70 us a layer), and a verify forward calls it once per row and layer. q, keys and values convert
+    exactly from their bfloat16 values; decode steps and verify rows share this arithmetic (`lean.RowKeys`)."""
+    cpu = torch.device(device).type == "cpu"
+    if dtype in (torch.bfloat16, torch.float16) and cpu and not cpu_has_native_bf16():
+        return torch.float32
+    return dtype
+
+
 def wide_product(w: torch.Tensor, dtype: torch.dtype):
     """x -> x w^T for wide inputs (prefills) whose result is wanted in `dtype`. A 16-bit product on a CPU
     without native 16-bit arithmetic runs in float32 and rounds back (an 800-token prefill of the offline model:

@@ -25,7 +25,7 @@ from typing import Iterable
 import torch
 import torch.nn.functional as F
 
-from .dense import Dense
+from .dense import Dense, attention_dtype
 from .int4 import Int4Linear
 from .scripted import ScriptedStep, _attend, _rms, _rotate
 
@@ -227,6 +227,10 @@ class LeanLlama:
             self.layers.append((layer.input_layernorm.weight, made["qkv"], made["o"],
                                 layer.post_attention_layernorm.weight, made["gate_up"], made["down"]))
         self.exact_rows = min([*rows.values(), MAX_FAST_ROWS])
+        # the cache's and attention's dtype: the int4 format (its own arithmetic) attends in float32 where 16-bit
+        # SDPA is emulated; dense formats keep transformers' arithmetic (attention in the activations' dtype)
+        int4 = isinstance(self.layers[0][1], Int4Linear)
+        self.att_dtype = attention_dtype(self.dtype, self.device) if int4 else self.dtype
         self.norm = inner.norm.weight
         self.head = getattr(model, "_switchsd_int8_head", None) or _Linear([wb(model.lm_head)])
         self.inv_freq = inner.rotary_emb.inv_freq.float()                          # [hd/2]
@@ -252,7 +256,7 @@ class LeanLlama:
         return lean
 
     def new_cache(self, capacity: int) -> StaticKVCache:
-        return StaticKVCache(self.n_layers, self.kv_heads, self.head_dim, capacity, self.dtype, self.device)
+        return StaticKVCache(self.n_layers, self.kv_heads, self.head_dim, capacity, self.att_dtype, self.device)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         # transformers' arithmetic (normalise in float32, round, then scale), its mean as sum / d: one definition,
@@ -285,6 +289,7 @@ class LeanLlama:
         """Layer i after q/k/v: attention (additive `mask`, else causal when `causal`; with `rows`, each exact row
         as its own one-row call over its own keys), o_proj, the MLP; records the hidden states at the wanted
         sites ([B, T, d]). x [B, T, d] or [T, d]; q [B, H, T, hd]; keys/values [B, KV, S, hd]."""
+        q = q.to(keys.dtype)                          # the attention dtype (`att_dtype`): a no-op unless it differs
         if rows is not None:
             att = rows.attend(q, keys, values, mask, self.scale, self.groups > 1)
             return self._after_attention(i, x, att, want, captured)
@@ -297,6 +302,7 @@ class LeanLlama:
     def _after_attention(self, i: int, x: torch.Tensor, att: torch.Tensor, want: set, captured: dict) -> torch.Tensor:
         """o_proj, the residual, the MLP. att [B, H, T, hd]; x [B, T, d] or (the one-sequence forward) [T, d]."""
         _, _, o_proj, n2, gate_up, down = self.layers[i]
+        att = att.to(x.dtype)
         x = x + o_proj(att.transpose(1, 2).reshape(*x.shape[:-1], self.heads * att.shape[-1]))
         if (i, "attn") in want:
             captured[(i, "attn")] = x if x.dim() == 3 else x[None]
@@ -323,6 +329,8 @@ class LeanLlama:
         captured: dict[Site, torch.Tensor] = {}
         rows = RowKeys.plan(start, T, mask, logit_rows) if self.row_exact and start > 0 and T > 1 else None
         chain = rows is not None and mask is None
+        if mask is not None and mask.is_floating_point():
+            mask = mask.to(self.att_dtype)                             # additive: in the attention's dtype
         if mask is None and T > 1 and start > 0 and not chain:       # causal over the cached prefix (transformers')
             mask = torch.ones(T, end, dtype=torch.bool, device=ids.device).tril(start)[None, None]
         # one sequence: the residual stream as [T, d] (the products take it as is: no reshapes around ~120 calls)

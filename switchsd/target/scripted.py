@@ -91,13 +91,13 @@ def decode_layers(x: torch.Tensor, norms: List[torch.Tensor], kinds: List[int], 
         heads = _product(_rms(x, norms[2 * i], eps), kinds[j], ws[j], bs[j]).view(T, H + 2 * KV, hd)
         qk = heads[:, :H + KV]
         qk = _rotate(qk, cos, sin)
-        q = qk[:, :H].transpose(0, 1)[None]                                               # [1, H, T, hd]
-        Ki, Vi = K[i], V[i]
+        Ki, Vi = K[i], V[i]                               # in the attention dtype (`dense.attention_dtype`)
+        q = qk[:, :H].transpose(0, 1)[None].to(Ki.dtype)                                  # [1, H, T, hd]
         Ki[:, start:end] = qk[:, H:].transpose(0, 1)
         Vi[:, start:end] = heads[:, H + KV:].transpose(0, 1)
         att = _attend(q, Ki[None, :, :end], Vi[None, :, :end], mask, causal and T > 1, scale, gqa, start, row_n,
                       row_idx, exact)
-        x = x + _product(att.transpose(1, 2).reshape(T, H * hd), kinds[j + 1], ws[j + 1], bs[j + 1])
+        x = x + _product(att.to(x.dtype).transpose(1, 2).reshape(T, H * hd), kinds[j + 1], ws[j + 1], bs[j + 1])
         if want[2 * i]:
             captured.append(x)
         g, u = _product(_rms(x, norms[2 * i + 1], eps), kinds[j + 2], ws[j + 2], bs[j + 2]).chunk(2, dim=-1)
