@@ -9,7 +9,9 @@ only how it is driven:
 - q/k/v and gate/up projections fused into one matrix each (the same dot products per output column);
 - on CPU in bfloat16/float16, weights packed once for oneDNN (`mkldnn._linear_pointwise`) instead of on
   every call; float32 keeps MKL's `F.linear` (its one-row path is already at the memory floor);
-- a preallocated key/value cache (`StaticKVCache`) written in place, rolled back by a length and a gather;
+- a preallocated key/value cache (`StaticKVCache`) written in place, rolled back by a length and a gather; in the
+  int4 format on CPUs without native bfloat16, held and attended in float32 (`dense.attention_dtype`: SDPA's
+  emulated bfloat16 kernel costs ~4x its float32 time there);
 - hidden states at the requested sites recorded as the forward runs (no hooks);
 - on CPU, decode and verify steps run the layer loop in TorchScript (`switchsd.target.scripted`: the same ATen
   calls without Python between them, bit for bit the Python loop below; 1.2-1.4x faster steps on this model).
