@@ -192,3 +192,37 @@ def test_int4_attends_in_float32_where_bfloat16_is_emulated(monkeypatch):
     ref = make_engine(model, "vanilla", max_new_tokens=24).run(prompt).token_ids
     for method in (m for m in STANDALONE_METHODS if m != "oracle"):
         assert make_engine(model, method, max_new_tokens=24).run(prompt).token_ids == ref, method
+
+
+def test_batched_engine_runs_the_float32_attention_cache(monkeypatch):
+    """The batched engine and the serving drafter on the int4 format where bfloat16 is emulated: their caches
+    hold float32 keys/values (`LeanLlama.att_dtype`) while the activations are bfloat16; a batched prefill's
+    logits match the one-row forward's, and batched vanilla decoding gives each request's own vanilla tokens."""
+    from switchsd.target import dense
+    from switchsd.target.lean import LeanLlama
+    from switchsd.core.config import EngineConfig
+    from switchsd.serve.batched import BatchedKV, batched_forward
+    from switchsd.serve.drafting import BatchDrafter
+    from switchsd.serve.engine import BatchedEngine, tokens_of
+    monkeypatch.setattr(dense, "cpu_has_native_bf16", lambda: False)
+    model = make_tiny_model().to(torch.bfloat16)
+    quantize_to_int4(model)
+    lean = LeanLlama.of(model)
+    assert lean.att_dtype == torch.float32 and lean.dtype == torch.bfloat16
+    prompt = random_prompt(2, 11)
+    ids = torch.tensor([prompt])
+    cache = BatchedKV(lean, 2, 16)
+    assert cache.k.dtype == torch.float32
+    got, _ = batched_forward(lean, ids, cache, torch.arange(11)[None], None, first_slot=1)
+    want, _ = lean.forward(ids, lean.new_cache(16))
+    assert torch.allclose(got.float(), want.float(), atol=1e-2, rtol=1e-2)
+    cfg = EngineConfig(max_new_tokens=12)
+    ps = {0: prompt, 1: repetitive_prompt(4), 2: random_prompt(5, 7)}
+    single = {i: make_engine(model, "vanilla", max_new_tokens=12).run(p).token_ids for i, p in ps.items()}
+    be = BatchedEngine(model, lambda: make_engine(model, "vanilla", max_new_tokens=12).decoder, cfg, max_batch=2)
+    out = {i: tokens_of(e) for i, e in be.run_all(ps).items()}
+    assert all(len(out[i]) == len(single[i]) for i in ps)
+    agree = sum(a == b for i in ps for a, b in zip(out[i], single[i])) / sum(map(len, single.values()))
+    assert agree > 0.8, (out, single)                  # bf16 batched rows may break a near-tie differently
+    drafts = BatchDrafter(model, 3, 2).draft({0: ps[0], 1: ps[1]})
+    assert sorted(drafts) == [0, 1] and all(len(d) == 3 for d in drafts.values())

@@ -127,8 +127,9 @@ def batched_forward(lean: LeanLlama, ids: torch.Tensor, cache: BatchedKV, pos: t
         heads = qkv(lean._rms(x, n1)).view(b, T, H + 2 * KV, hd)
         qk = lean._rotate(heads[:, :, :H + KV], cos, sin)
         q = qk[:, :, :H].transpose(1, 2)                                         # [b, H, T, hd]
-        cache.k[i][rr, :, pp] = qk[:, :, H:]                                     # [b, T, KV, hd]
-        cache.v[i][rr, :, pp] = heads[:, :, H + KV:]
+        # the cache holds the attention's dtype (`LeanLlama.att_dtype`: float32 for int4 where bf16 is emulated)
+        cache.k[i][rr, :, pp] = qk[:, :, H:].to(cache.k.dtype)                   # [b, T, KV, hd]
+        cache.v[i][rr, :, pp] = heads[:, :, H + KV:].to(cache.v.dtype)
         keys, values = cache.k[i, sl, :, :S], cache.v[i, sl, :, :S]           # [b, KV, S, hd]
         if grouped and T == 1 and mask is not None:
             x = lean._after_attention(i, x, grouped_attention(q, keys, values, mask, lean.scale), want, captured)
