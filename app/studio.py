@@ -277,6 +277,10 @@ def serving_tab(res: Resources) -> None:
             yield from serving.serve(res, *a)
         except UserError as e:
             raise gr.Error(str(e))
+        except gr.Error:
+            raise
+        except Exception as e:  # a failure inside the engine or the drafter process: shown, never a traceback
+            raise gr.Error(f"serving failed: {e.__class__.__name__}: {e}")
     go.click(run, [n, b, m, r], [gantt, prog, lat, info], concurrency_limit=1, concurrency_id="device",
              api_name="serving")
 

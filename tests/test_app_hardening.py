@@ -37,6 +37,20 @@ def _code(job) -> str:
     return job.status().code.name
 
 
+def _cancel(job, tries: int = 3) -> None:
+    """job.cancel(), retried: its HTTP call has a 5 s read timeout, which a server busy decoding on a loaded 2-core
+    CPU can exceed once; whether the run really ends is what the callers assert."""
+    import httpx
+    for i in range(tries):
+        try:
+            job.cancel()
+            return
+        except httpx.TimeoutException:
+            if i == tries - 1:
+                raise
+            time.sleep(1.0)
+
+
 def _within(fn, timeout: float = 30.0):
     """fn() in a daemon thread; fails (instead of hanging the suite) when it does not return in time."""
     import threading
@@ -91,11 +105,11 @@ def test_one_session_cannot_fill_the_queue(server):
         other = Client(server.url, verbose=False)     # another session is still welcome (the queue has room)
         j = other.submit(*STORY, api_name="/generate")
         assert _wait(lambda: _code(j) in ("IN_QUEUE", "PROCESSING", "ITERATING"), 30)
-        j.cancel()
+        _cancel(j)
     finally:
         c.predict(api_name="/stop")
         for j in jobs:
-            j.cancel()
+            _cancel(j)
         assert _wait(lambda: all(j.done() for j in jobs), 60)
 
 
@@ -112,7 +126,7 @@ def test_five_clients_stop_disconnect_and_idle(server):
     queued = [i for i in range(5) if i != run]
     stop_queued, leave_queued = queued[0], queued[1]
     clients[stop_queued].predict(api_name="/stop")            # Stop while queued (another session than `run`)
-    jobs[leave_queued].cancel()                               # a queued client leaves
+    _cancel(jobs[leave_queued])                               # a queued client leaves
     n0 = len(jobs[run].outputs())
     import urllib.request
     for _ in range(3):                                        # the page stays responsive while 5 runs queue
@@ -131,7 +145,7 @@ def test_five_clients_stop_disconnect_and_idle(server):
     assert _wait(lambda: any(started(i) for i in rest), 120), [(_code(jobs[i]), len(jobs[i].outputs())) for i in rest]
     leaver = next(i for i in rest if started(i))
     last = next(i for i in rest if i != leaver)
-    jobs[leaver].cancel()
+    _cancel(jobs[leaver])
     clients[last].predict(api_name="/stop")
     time.sleep(3)
     c0 = _cpu_s(server.proc.pid)

@@ -161,8 +161,10 @@ def test_serving_view_runs_sd_and_psd(page):
     page.locator("#sv-max-new input[type=number]").fill("8")
     page.locator("#sv-max-new input[type=number]").press("Enter")
     page.locator("#sv-run").click()
-    page.wait_for_function("(document.querySelector('#sv-summary') || {}).innerText?.includes('Done')",
-                           timeout=300_000)
+    # 'Done', or an error toast (a failure shows its message at once instead of a 5-minute timeout)
+    page.wait_for_function("(document.querySelector('#sv-summary') || {}).innerText?.includes('Done') || "
+                           "document.body.innerText.includes('serving failed')", timeout=300_000)
+    assert "serving failed" not in page.locator("body").inner_text(), page.locator("body").inner_text()[-600:]
     text = page.locator("#sv-summary").inner_text()
     assert text.count("2/2") == 2, text
     gantt = page.locator("#sv-gantt").inner_text()

@@ -16,6 +16,7 @@ from switchsd.target.models import LoadedModel
 @pytest.fixture
 def lm(tmp_path, monkeypatch):
     monkeypatch.setenv("SWITCHSD_CACHE", str(tmp_path))
+    monkeypatch.delenv("SWITCHSD_CALIBRATION")           # the suite's own folder (conftest): not here
     return LoadedModel(make_tiny_model(), tokenizer=None, name="tiny/model")
 
 
@@ -64,3 +65,39 @@ def test_corrupt_file_is_measured_again(lm):
 def test_measure_returns_positive_times_for_every_size(lm):
     curve = cal.measure(lm, max_tokens=8, prefix=16, repeats=1, progress=False)
     assert sorted(curve) == [1, 2, 3, 4, 6, 8] and all(v > 0 for v in curve.values())
+
+
+def test_calibration_folder_follows_its_variable(lm, tmp_path, monkeypatch):
+    """$SWITCHSD_CALIBRATION moves every device measurement (curves and the dtype choice); unset, they live
+    under $SWITCHSD_CACHE/calibration."""
+    from switchsd.target.models import dtype_choice_path
+    assert cal.calibration_path(lm).parent == tmp_path / "calibration" == dtype_choice_path("cpu").parent
+    monkeypatch.setenv("SWITCHSD_CALIBRATION", str(tmp_path / "own"))
+    assert cal.calibration_path(lm).parent == tmp_path / "own" == dtype_choice_path("cpu").parent
+
+
+def test_measure_keeps_each_sizes_fastest_round(lm, monkeypatch):
+    """Rounds run over every size in turn; a size keeps its fastest round, so one slow burst (another process
+    taking the CPU for a moment) moves no point of the curve."""
+    calls = []
+    clock = iter(range(10_000))
+    slow = {7}                                        # the 8th timed forward is slowed by 'another process'
+
+    def fake_time():
+        t = next(clock)
+        return t * 1e-3 + (5.0 if (t // 2) in slow and t % 2 else 0.0)
+    from switchsd.target import forward as fwd
+    real = fwd.make_target(lm.model, ())
+
+    class Spy:
+        def new_cache(self, n):
+            return real.new_cache(n)
+
+        def forward(self, ids, cache, **kw):
+            calls.append(ids.shape[1])
+            return real.forward(ids, cache, **kw)
+    monkeypatch.setattr(cal, "make_target", lambda *a, **k: Spy())
+    monkeypatch.setattr(cal.time, "perf_counter", fake_time)
+    curve = cal.measure(lm, max_tokens=4, prefix=8, repeats=3, progress=False)
+    assert calls[1:] == [1, 2, 3, 4] * 4                  # the prefill, then a warm-up round and 3 timed rounds
+    assert all(abs(ms - 1.0) < 1e-9 for ms in curve.values()), curve     # the slow forward is not the minimum

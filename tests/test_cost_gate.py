@@ -195,6 +195,7 @@ def test_auto_dtype_reads_the_calibrated_choice(tmp_path, monkeypatch):
 
     from switchsd.target.models import dtype_choice_path, resolve_dtype
     monkeypatch.setenv("SWITCHSD_CACHE", str(tmp_path))
+    monkeypatch.delenv("SWITCHSD_CALIBRATION")           # the suite's own folder (conftest): not here
     assert resolve_dtype("float32", "cpu") == torch.float32
     assert resolve_dtype("auto", "cuda") == torch.bfloat16
     p = dtype_choice_path("cpu")
@@ -213,6 +214,7 @@ def test_auto_format_int4_only_for_4bit_models(tmp_path, monkeypatch):
     from switchsd.target.int4 import available
     from switchsd.target.models import DTYPES, auto_format, dtype_choice_path
     monkeypatch.setenv("SWITCHSD_CACHE", str(tmp_path))
+    monkeypatch.delenv("SWITCHSD_CALIBRATION")           # the suite's own folder (conftest): not here
     from switchsd.target import models
     assert auto_format("cpu", int4_ok=True) == ("int4" if available() else auto_format("cpu"))
     assert auto_format("cpu") in DTYPES and auto_format("cuda", int4_ok=True) == "bfloat16"

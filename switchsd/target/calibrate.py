@@ -3,8 +3,9 @@
     python -m switchsd.calibrate [--model M] [--dtype auto|float32|bfloat16] [--forward auto|lean|hf]
                                  [--max-tokens 64] [--prefix 256]
 
-Times one target forward over n = 1..N new tokens on top of a cached prefix (median of repeats, after a
-warm-up) and stores {n: ms} in `$SWITCHSD_CACHE/calibration/`. That curve is what the cost gate decides with
+Times one target forward over n = 1..N new tokens on top of a cached prefix (rounds over every n, after a warm-up
+round; the fastest of the rounds, so that a burst of other work on the machine inflates no single point) and
+stores {n: ms} in `$SWITCHSD_CACHE/calibration/` (`$SWITCHSD_CALIBRATION` overrides the folder). That curve is what the cost gate decides with
 and what verify forwards are padded by (`switchsd.core.costs.VerifyCost`); an engine built for an uncalibrated
 device measures a short curve itself on first use (a few seconds). With `--dtype auto` on a CPU both float32
 and bfloat16 are measured and the faster one for decoding (the one-token forward) becomes this device's
@@ -27,7 +28,7 @@ from ..core.costs import VerifyCost
 from ..io import write_text_atomic
 from . import int4
 from .dense import attention_dtype
-from .models import INT4, NOT_AUTO, LoadedModel, cache_dir, dtype_choice_path, gguf_model, load_model
+from .models import INT4, NOT_AUTO, LoadedModel, calibration_dir, dtype_choice_path, gguf_model, load_model
 from .forward import FORWARDS, make_target, resolve_forward
 
 DEFAULT_RATIO = 2.0
@@ -44,7 +45,7 @@ def calibration_path(lm: LoadedModel, forward: str = "auto") -> Path:
         kind = "lean" if att == lm.dtype else f"lean-attn-{str(att).replace('torch.', '')}"
     else:
         kind = lm.attn
-    return cache_dir() / "calibration" / f"{safe}-{lm.device.type}-{lm.precision}-{kind}.json"
+    return calibration_dir() / f"{safe}-{lm.device.type}-{lm.precision}-{kind}.json"
 
 
 @torch.inference_mode()
@@ -59,14 +60,15 @@ def measure(lm: LoadedModel, max_tokens: int = 64, prefix: int = 256, repeats: i
     cache = target.new_cache(prefix + max_tokens)
     target.forward(ids[:, :prefix], cache, logit_rows=-1)
     points = [n for n in POINTS if n <= max_tokens]
-    curve: dict[int, float] = {}
-    it = points
+    times: dict[int, list[float]] = {n: [] for n in points}
+    bar = None
     if progress:
         from tqdm import tqdm
-        it = tqdm(points, desc="calibrating", unit="size")
-    for n in it:
-        times = []
-        for r in range(repeats + 1):  # first run is a warm-up
+        bar = tqdm(total=(repeats + 1) * len(points), desc="calibrating", unit="forward")
+    # rounds over all sizes (not repeats of one size, then the next): noise from other processes lands spread over
+    # the sizes, and each size keeps its fastest time (noise only ever adds)
+    for r in range(repeats + 1):  # round 0 is a warm-up
+        for n in points:
             if dev.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -76,8 +78,12 @@ def measure(lm: LoadedModel, max_tokens: int = 64, prefix: int = 256, repeats: i
             dt = time.perf_counter() - t0
             cache.crop(prefix)
             if r:
-                times.append(dt)
-        curve[n] = 1000 * statistics.median(times)
+                times[n].append(dt)
+            if bar is not None:
+                bar.update()
+    if bar is not None:
+        bar.close()
+    curve = {n: 1000 * min(ts) for n, ts in times.items()}
     return curve
 
 

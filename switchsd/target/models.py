@@ -79,8 +79,15 @@ def auto_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def calibration_dir() -> Path:
+    """Where device measurements live: `$SWITCHSD_CALIBRATION`, else `<cache>/calibration` (the test suite points
+    it at its own folder, so its curves, measured under its own load, never reach a user's cache)."""
+    own = os.environ.get("SWITCHSD_CALIBRATION")
+    return Path(own) if own else cache_dir() / "calibration"
+
+
 def dtype_choice_path(device: str) -> Path:
-    return cache_dir() / "calibration" / f"dtype-{device.split(':')[0]}.json"
+    return calibration_dir() / f"dtype-{device.split(':')[0]}.json"
 
 
 def auto_format(device: str, int4_ok: bool = False) -> str:
