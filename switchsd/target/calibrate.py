@@ -5,9 +5,9 @@
 
 Times one target forward over n = 1..N new tokens on top of a cached prefix (rounds over every n, after a warm-up
 round; the fastest of the rounds, so that a burst of other work on the machine inflates no single point) and
-stores {n: ms} in `$SWITCHSD_CACHE/calibration/` (`$SWITCHSD_CALIBRATION` overrides the folder). That curve is what the cost gate decides with
-and what verify forwards are padded by (`switchsd.core.costs.VerifyCost`); an engine built for an uncalibrated
-device measures a short curve itself on first use (a few seconds). With `--dtype auto` on a CPU both float32
+stores {n: ms} in `$SWITCHSD_CACHE/calibration/` (`$SWITCHSD_CALIBRATION` overrides the folder). That curve is
+what the cost gate decides with and what verify forwards are padded by (`switchsd.core.costs.VerifyCost`); an
+engine built for an uncalibrated device measures a short curve itself on first use (a few seconds). With `--dtype auto` on a CPU both float32
 and bfloat16 are measured and the faster one for decoding (the one-token forward) becomes this device's
 `--dtype auto` (recorded in `dtype-cpu.json`). The default budget is the largest n whose forward costs at
 most `ratio` x a one-token forward (default 2.0). Recorded with the curve: per drafting shape (chains, copy
@@ -61,10 +61,8 @@ def measure(lm: LoadedModel, max_tokens: int = 64, prefix: int = 256, repeats: i
     target.forward(ids[:, :prefix], cache, logit_rows=-1)
     points = [n for n in POINTS if n <= max_tokens]
     times: dict[int, list[float]] = {n: [] for n in points}
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=(repeats + 1) * len(points), desc="calibrating", unit="forward")
+    from tqdm import tqdm
+    bar = tqdm(total=(repeats + 1) * len(points), desc="calibrating", unit="forward", disable=not progress)
     # rounds over all sizes (not repeats of one size, then the next): noise from other processes lands spread over
     # the sizes, and each size keeps its fastest time (noise only ever adds)
     for r in range(repeats + 1):  # round 0 is a warm-up
@@ -79,10 +77,8 @@ def measure(lm: LoadedModel, max_tokens: int = 64, prefix: int = 256, repeats: i
             cache.crop(prefix)
             if r:
                 times[n].append(dt)
-            if bar is not None:
-                bar.update()
-    if bar is not None:
-        bar.close()
+            bar.update()
+    bar.close()
     curve = {n: 1000 * min(ts) for n, ts in times.items()}
     return curve
 
