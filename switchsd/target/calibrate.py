@@ -4,15 +4,15 @@
                                  [--max-tokens 64] [--prefix 256]
 
 Times one target forward over n = 1..N new tokens on top of a cached prefix (rounds over every n, after a warm-up
-round; the fastest of the rounds, so that a burst of other work on the machine inflates no single point) and
-stores {n: ms} in `$SWITCHSD_CACHE/calibration/` (`$SWITCHSD_CALIBRATION` overrides the folder). That curve is
-what the cost gate decides with and what verify forwards are padded by (`switchsd.core.costs.VerifyCost`); an
-engine built for an uncalibrated device measures a short curve itself on first use (a few seconds). With
-`--dtype auto` on a CPU both float32 and bfloat16 are measured and the faster one for decoding (the one-token
-forward) becomes this device's `--dtype auto` (recorded in `dtype-cpu.json`). The default budget is the largest n whose forward costs at
-most `ratio` x a one-token forward (default 2.0). Recorded with the curve: per drafting shape (chains, copy
-tries, EAGLE's tree) the expected accepted draft tokens at which it starts to pay here (`break_even`); the
-cost gate makes that comparison every step with its online acceptance estimates.
+round; the fastest of the rounds, so that a burst of other work on the machine inflates no single point) and stores
+{n: ms} in `$SWITCHSD_CACHE/calibration/` (`$SWITCHSD_CALIBRATION` overrides the folder). That curve is what the
+cost gate decides with and what verify forwards are padded by (`switchsd.core.costs.VerifyCost`); an engine built
+for an uncalibrated device measures a short curve itself on first use (a few seconds). With `--dtype auto` on a CPU
+both float32 and bfloat16 are measured and the faster one for decoding (the one-token forward) becomes this device's
+`--dtype auto` (recorded in `dtype-cpu.json`). The default budget is the largest n whose forward costs at most
+`ratio` x a one-token forward (default 2.0). Recorded with the curve: per drafting shape (chains, copy tries,
+EAGLE's tree) the expected accepted draft tokens at which it starts to pay here (`break_even`); the cost gate makes
+that comparison every step with its online acceptance estimates.
 """
 from __future__ import annotations
 
