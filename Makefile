@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup browser run test test-fast calibrate screenshots clean
+.PHONY: setup browser run lint test test-fast calibrate screenshots clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -28,7 +28,10 @@ run: setup            ## start the studio on http://127.0.0.1:7860 (offline Smol
 
 # Two pytest workers (pytest-xdist), one test file each at a time: the tests run single-threaded (tests/conftest.py),
 # so one worker left a core of the 2-core reference machine idle (AVX2-only CPU: 34 min -> 12 min).
-test: setup browser   ## the whole test suite (CPU; GPU tests run when CUDA is present)
+lint: setup           ## ruff: unused or undefined names, syntax errors, import order (pyproject.toml)
+	$(BIN)/ruff check .
+
+test: setup browser lint   ## the lint, then the whole test suite (CPU; GPU tests run when CUDA is present)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(ARGS)
 
 test-fast: setup      ## skip tests that load the real model
@@ -38,7 +41,7 @@ screenshots: setup browser   ## refresh the README's screenshots (docs/img) from
 	SWITCHSD_SCREENSHOTS=docs/img $(BIN)/python -m pytest -q tests/test_browser.py
 
 calibrate: setup      ## measure this device's verification cost curve
-	$(BIN)/python -m switchsd.calibrate
+	$(BIN)/python -m switchsd calibrate
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -11,8 +11,7 @@ from app.live import LiveRoute
 from app.render import CSS, HEAD_JS
 from app.resources import Resources
 from app.studio import build_demo, quiet_queue
-from switchsd.target.forward import FORWARDS
-
+from switchsd.models.forward import FORWARDS
 
 QUEUE_MAX = 16
 MAX_UPLOAD = "1mb"          # uploads are probe files (the shipped one is ~10 KB); switchsd/core/probe.py checks too

@@ -49,14 +49,6 @@ class GenerateFrame(NamedTuple):
         return cls(**{f: fields.get(f, gr.skip()) for f in cls._fields})
 
 
-class RaceFrame(NamedTuple):
-    """One update of the Race tab."""
-    lanes: Any
-    status: Any
-    toks_plot: Any
-    tok_per_fwd_plot: Any
-
-
 def check_prompt(res: Resources, prompt: str, chat: bool) -> list[int]:
     if prompt is None or not prompt.strip():
         raise UserError("The prompt is empty: type something or pick a preset.")
@@ -204,98 +196,6 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
         BOARD.post(token, done=True)
         stream.close()
         res.worker.post(engine.close)       # also when the stream ended before the engine ever ran (idempotent)
-
-
-def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bool = True, replay_speed: float = 4.0,
-         dtype: str = "auto"):
-    """SwitchSD vs EAGLE3 vs CopySpec (and vanilla, the reference) on one prompt. Methods run one at a time
-    (never concurrently on one device), each timed by its own step timings; the lanes are then replayed on a
-    common clock. Each lane shows its speedup over vanilla and whether its text equals vanilla's; where it
-    does not (bfloat16 near-ties), the badge names the first differing token and its float32 logit margin."""
-    try:
-        ids = check_prompt(res, prompt, chat)
-        max_new = check_max_new(max_new)
-        lm = res.lm(dtype)
-    except UserError as e:
-        raise gr.Error(str(e))
-    except Exception as e:
-        raise gr.Error(f"{e.__class__.__name__}: {e}")
-    methods = ["vanilla", "switchsd", "eagle3", "copyspec"]   # vanilla: the reference of the lossless badge
-    runs, skipped = {}, {}
-    for i, m in enumerate(methods):
-        note = "".join(f" · {k} skipped: {v}" for k, v in skipped.items())
-        yield _race_frame(lm, runs, {}, with_vanilla, f"running {m} ({i + 1}/{len(methods)})…{note}", None)
-        try:     # built just before its run and closed right after: a client leaving mid-race leaks no hooks
-            engine = res.engine(m, max_new, dtype=dtype)
-        except UserError as e:      # e.g. no probe or head for this model: the other lanes still race
-            if m == "vanilla":
-                raise gr.Error(str(e))
-            skipped[m] = str(e)
-            continue
-        runs[m] = res.worker.call(_run_and_close, engine, ids)
-    note = "".join(f" · {k} skipped: {html.escape(v)}" for k, v in skipped.items())
-    ref = runs["vanilla"].token_ids
-    res.remember_vanilla((lm.precision, tuple(ids), max_new), ref, runs["vanilla"].stats["tok_s"])
-    why = {}
-    if any(g.token_ids != ref for g in runs.values()):       # explain each difference in float32
-        from switchsd.eval.mismatch import explain
-        f32 = res.lm("float32").model
-        for m, g in runs.items():
-            if g.token_ids != ref:
-                why[m] = res.worker.call(explain, f32, ids, ref, g.token_ids)
-    ref = (ref, why)
-    clocks = {m: plots.timeline(g.events) for m, g in runs.items()}
-    end = max(ts[-1] for ts, _ in clocks.values() if ts)
-    t, step = 0.0, end / 40
-    while True:
-        t = min(end, t + step)
-        cut = {m: sum(1 for x in clocks[m][0] if x <= t) for m in runs}
-        msg = (f"Done · replayed on a common clock ({end:.2f} s){note}" if t >= end else
-               f"replay at {t:.2f} s of {end:.2f} s (common clock){note}")
-        yield _race_frame(lm, runs, cut, with_vanilla, msg, ref)
-        if t >= end:
-            break
-        time.sleep(step / replay_speed)
-
-
-def _run_and_close(engine, ids):
-    with closing(engine):
-        return engine.run(ids, torch.Generator().manual_seed(0))
-
-
-def _badge(lm, out: list[int], ref: list[int], why: dict | None) -> tuple[bool, str]:
-    """(equal, text) for a lane's lossless badge."""
-    if out == ref:
-        return True, "equal to vanilla"
-    dt = lm.precision
-    if not why:
-        return False, f"differs from vanilla ({dt})"
-    if why.get("kind") == "length":
-        return False, f"differs from vanilla ({dt}): stops at {why['other_len']} tokens vs {why['vanilla_len']}"
-    tok = lambda t: repr(lm.tokenizer.decode([t]))                       # noqa: E731
-    return False, (f"differs from vanilla at token {why['position']}: {tok(why['other_token'])} vs "
-                   f"{tok(why['vanilla_token'])}, float32 logit margin {abs(why['fp32_margin']):.3f} "
-                   f"(a {dt} near-tie; run in float32 for identity)")
-
-
-def _race_frame(lm, runs, cut, with_vanilla, status, ref) -> RaceFrame:
-    from .render import lane_html
-    lanes = []
-    shown = {m: g for m, g in runs.items() if with_vanilla or m != "vanilla"}
-    for m, g in shown.items():
-        evs = g.events[:cut.get(m, len(g.events))]
-        s = summarize(g.events, g.stats["wall_s"])
-        badge = None if ref is None or m == "vanilla" else _badge(lm, g.token_ids, ref[0], ref[1].get(m))
-        speed = (f" · {s['tok_s'] / runs['vanilla'].stats['tok_s']:.2f}x vanilla"
-                 if "vanilla" in runs and m != "vanilla" and runs["vanilla"].stats["tok_s"] else "")
-        lanes.append(lane_html(m, lm.tokenizer, evs, badge,
-                               f"{s['new_tokens']} tokens in {s['wall_s']:.2f} s · {s['tok_s']:.1f} tok/s{speed} · "
-                               f"{s['tok_per_fwd']:.2f} tok/fwd"))
-    series = {m: plots.timeline(g.events) for m, g in shown.items()}
-    lanes_ev = {m: g.events[:cut.get(m, len(g.events))] for m, g in shown.items()}
-    rates = {m: (series[m][0], series[m][1]) for m in shown}
-    return RaceFrame("".join(lanes) or "<i>no lanes yet</i>", status, plots.plot_value(plots.toks_plot(rates)),
-                     plots.plot_value(plots.tok_per_fwd_plot(lanes_ev)))
 
 
 def default_step(events: list[StepEvent]) -> int:

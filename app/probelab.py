@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from probes.labels import ALIGN, copy_labels
-from switchsd.target.capture import HiddenCapture
+from switchsd.models.capture import HiddenCapture
 
 from .render import heat_strip
 from .resources import MAX_PROMPT_CHARS, Resources, UserError
@@ -35,13 +35,13 @@ def score_text(res: Resources, probes: list, names: list[str], text: str, genera
     lm = res.lm()
     if generate:
         from switchsd.core.config import EngineConfig
-        from switchsd.core.engine import Engine
         from switchsd.core.policies import Fixed
+        from switchsd.factory import make_engine
         ids = lm.encode(text, chat=True)
         if len(ids) + max_new > MAX_TEXT_TOKENS:
             raise UserError(f"The prompt has {len(ids)} tokens; with the {max_new} generated ones the probe lab "
                             f"takes at most {MAX_TEXT_TOKENS} (shorten it, or untick 'Generate a completion').")
-        gen = Engine(lm.model, Fixed([]), EngineConfig(max_new_tokens=int(max_new)), lm.eos_ids(), lm.max_length)
+        gen = make_engine(lm.model, Fixed([]), EngineConfig(max_new_tokens=int(max_new)), lm.eos_ids(), lm.max_length)
         tokens, start = ids + gen.run(ids).token_ids, len(ids)
     else:
         tokens, start = lm.encode(text, chat=False), 0

@@ -3,6 +3,7 @@ fixed words. Nothing a user or the model writes can add markup or script to the 
 from __future__ import annotations
 
 import html
+import re
 import weakref
 from pathlib import Path
 from typing import Sequence
@@ -145,7 +146,7 @@ def tokens_html(tokenizer, events: Sequence[StepEvent], tau: float = 0.5, prompt
 
 
 def lane_html(title: str, tokenizer, events: Sequence[StepEvent], lossless: bool | tuple[bool, str] | None,
-              stats: str) -> str:
+              stats: str, paths: str = "", why: str = "") -> str:
     """`lossless`: None (no badge), a bool, or (equal, text) with the text the badge shows (escaped here)."""
     if isinstance(lossless, tuple):
         ok, text = lossless
@@ -156,7 +157,9 @@ def lane_html(title: str, tokenizer, events: Sequence[StepEvent], lossless: bool
         f'<span class="ssd-badge bad">{html.escape(text)}</span>')
     return (f'<div class="ssd-lane" data-lane="{html.escape(title)}"><b>{html.escape(title)}</b>{badge}'
             f'<div style="font-size:12px;color:#495057">{html.escape(stats)}</div>'
-            f'{tokens_html(tokenizer, events, show_prompt=False, elem_id="lane-" + title)}</div>')
+            + (f'<div class="ssd-paths" style="font-size:12px;color:#495057">{html.escape(paths)}</div>' if paths else "")
+            + (f'<div class="ssd-why" style="font-size:12px;color:#862e9c">{html.escape(why)}</div>' if why else "")
+            + f'{tokens_html(tokenizer, events, show_prompt=False, elem_id="lane-" + re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-"))}</div>')
 
 
 def heat_strip(tokenizer, tokens: Sequence[int], scores: Sequence[float], labels: Sequence[bool], tau: float,

@@ -3,16 +3,16 @@ through the library's factory (switchsd.factory), with the defaults of switchsd.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from switchsd.target.calibrate import load_budget
 from switchsd.core.config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, SamplingConfig
 from switchsd.core.engine import Engine
-from switchsd.factory import DEFAULT_HEADS, DEFAULT_PROBES, Drafters, SetupError, build_engine
-from switchsd.target.models import DEFAULT_MODEL, LoadedModel, auto_device, gguf_model, load_model
 from switchsd.core.probe import Probe, ProbeError, load_probe
+from switchsd.factory import DEFAULT_HEADS, DEFAULT_PROBES, Drafters, SetupError, build_engine
+from switchsd.models.calibrate import load_budget
+from switchsd.models.loading import DEFAULT_MODEL, LoadedModel, auto_device, gguf_model, load_model
 
 from .worker import TorchThread
 
@@ -60,7 +60,7 @@ class Resources:
 
     def int4_available(self) -> bool:
         """The int4 format: a GGUF model (the offline default or a .gguf file) on CPU, with torch's int4 kernel."""
-        from switchsd.target import int4
+        from switchsd.models import int4
         return gguf_model(self.model_name) and (self.device or auto_device()) == "cpu" and int4.available()
 
     def default_method(self) -> str:
@@ -71,11 +71,19 @@ class Resources:
         return "switchsd" if head and probe else "copy"
 
     def status(self) -> str:
+        """The header line: model, device, the formats loaded, and the probe and EAGLE-3 head in use (or that
+        will be, on first use)."""
+        name = self.model_name or DEFAULT_MODEL
+        probe = _short(self.probe if self.probe != "auto" else DEFAULT_PROBES.get(name))
+        head = _short(self.eagle if self.eagle != "auto" else DEFAULT_HEADS.get(name))
+        loaded = {k for d in self._drafters.values() for k in d._loaded}
+        parts = [f"probe {probe}" + ("" if "probe" in loaded or probe == "none" else " (loads on first use)"),
+                 f"EAGLE-3 head {head}" + ("" if "head" in loaded or head == "none" else " (loads on first use)")]
         if not self._lms:
-            return "model not loaded yet (loads on the first run)"
+            return f"**{name}** · not loaded yet (loads on the first run) · " + " · ".join(parts)
         lm = next(iter(self._lms.values()))
         dts = ", ".join(sorted(m.precision for m in self._lms.values()))
-        return f"{lm.name} · {lm.device} · {dts}"
+        return f"**{lm.name}** · {lm.device} · format {dts} · " + " · ".join(parts)
 
     def drafters(self, lm: LoadedModel) -> Drafters:
         """The drafters' weights load once per model copy (first use)."""
@@ -143,3 +151,8 @@ class Resources:
             return self.worker.call(load_probe, path, self.lm().model)
         except ProbeError as e:
             raise UserError(str(e).replace(str(path.parent) + "/", "")) from None
+
+
+def _short(path) -> str:
+    """A file or folder as the header names it (its last part), or 'none'."""
+    return "none" if path is None else Path(str(path)).name or str(path)

@@ -6,12 +6,12 @@ from typing import NamedTuple
 import gradio as gr
 
 from switchsd.core.config import CopyConfig, EngineConfig, GateConfig, SamplingConfig
-from switchsd.core.methods import METHODS
 from switchsd.core.rules import RULES
+from switchsd.methods import METHODS
 
-from . import handlers, plots, probelab, serving, verifylab
-from .render import CSS
+from . import handlers, plots, probelab, race, serving, verifylab
 from .guard import GUARD
+from .render import CSS
 from .resources import Resources, UserError
 
 STATE_TTL_S = 1800          # a tab's last run (events for the inspector, lab scores) is dropped after 30 min
@@ -46,7 +46,7 @@ PRESETS = {
         "Write a short story about a lighthouse keeper who finds a message in a bottle.",
         "Nothing to copy: these steps belong to the neural drafter (the EAGLE-3 head). The cost gate drafts only "
         "where the head's measured acceptance pays for the wider verify on this device; with the shipped head on "
-        "a CPU that is rare, and the steps run plain (docs/results.md, issue 31)."),
+        "a CPU that is rare, and the steps run plain (docs/results.md)."),
 }
 
 
@@ -150,28 +150,38 @@ def generate_tab(res: Resources, precision: gr.Radio, model_status: gr.Markdown)
     return chat, out["state"], gen_ev, empty_plots, plot_outputs
 
 
-def race_tab(res: Resources, precision: gr.Radio, chat: gr.Checkbox) -> None:
+def race_tab(res: Resources, precision: gr.Radio, chat: gr.Checkbox, model_status: gr.Markdown) -> None:
     with gr.Tab("Race", id="tab-race"):
-        gr.Markdown("Vanilla vs SwitchSD vs EAGLE3 vs CopySpec on one prompt, with the defaults. The methods run "
-                    "**one at a time** and are replayed on a common clock, each timed by its own steps; each lane "
-                    "shows its speedup over vanilla and whether its text equals vanilla's.")
+        gr.Markdown("Vanilla vs SwitchSD vs EAGLE3 vs CopySpec on one prompt, with the defaults. Every lane is timed "
+                    "the same way: a short warm-up of each method first, then rounds in rotated order, **one run at a "
+                    "time**; each lane shows its median run, replayed on a common clock, its speedup over vanilla, "
+                    "its paths, and whether its text equals vanilla's. A lane whose cost gate kept it plain says why.")
         with gr.Row():
             prompt = gr.Textbox(label="Prompt", lines=3, value=PRESETS["Copy: code rewrite"].prompt,
                                 elem_id="race-prompt", scale=3)
             with gr.Column(scale=1):
                 max_new = gr.Slider(1, 512, value=96, step=1, label="Max new tokens", elem_id="race-max-new")
+                repeats = gr.Slider(1, 9, value=race.RACE_REPEATS, step=1, elem_id="race-repeats",
+                                    label="Runs per lane (the median is shown)")
                 with_vanilla = gr.Checkbox(value=True, label="Show the vanilla lane")
+                no_gate = gr.Checkbox(value=False, elem_id="race-no-gate",
+                                      label="Add EAGLE3 without the cost gate (the head drafts every step)")
                 run = gr.Button("Race", variant="primary", elem_id="race-run")
         out = {"status": gr.Markdown(elem_id="race-status"), "lanes": gr.HTML(elem_id="race-lanes")}
         with gr.Row():
             out["toks_plot"] = gr.Plot(elem_id="race-plot-toks", show_label=False)
             out["tok_per_fwd_plot"] = gr.Plot(elem_id="race-plot-tok-per-fwd", show_label=False)
-    run.click(lambda p, n, c, v, dt: (yield from handlers.race(res, p, n, c, v, dtype=dt)),
-              [prompt, max_new, chat, with_vanilla, precision], [out[f] for f in handlers.RaceFrame._fields],
-              concurrency_limit=1, concurrency_id="device", api_name="race")
+    # show_progress hidden: Gradio's animated overlay costs browser CPU beside the model's threads (the status
+    # line says what runs)
+    ev = run.click(lambda p, n, c, v, dt, r, ng: (yield from race.race(res, p, n, c, v, dtype=dt, repeats=r,
+                                                                          no_gate=ng)),
+                   [prompt, max_new, chat, with_vanilla, precision, repeats, no_gate],
+                   [out[f] for f in race.RaceFrame._fields], concurrency_limit=1, concurrency_id="device",
+                   api_name="race", show_progress="hidden")
+    ev.then(lambda: res.status(), None, model_status, queue=False)
 
 
-def probe_lab_tab(res: Resources) -> None:
+def probe_lab_tab(res: Resources):
     with gr.Tab("Probe lab", id="tab-probe"):
         with gr.Row():
             with gr.Column(scale=2):
@@ -199,7 +209,7 @@ def probe_lab_tab(res: Resources) -> None:
         fig = plots.plot_value(plots.layer_plot(meta.get("per_layer", [])))
         return st, probelab.render(res, st, st["taus"][0]), fig, st["taus"][0]
 
-    run.click(_ui_error(lab), [probe_a, probe_b, upload, text, generate], [state, view, layers, tau],
+    return run.click(_ui_error(lab), [probe_a, probe_b, upload, text, generate], [state, view, layers, tau],
               concurrency_limit=1, concurrency_id="device", api_name="probe_lab")
     tau.release(_ui_error(lambda st, t: probelab.render(res, st, t)), [state, tau], view, queue=False)
 
@@ -208,7 +218,7 @@ LAB_PROMPT = ("Tom has 7 apples. Tom gets 5 more apples, then gives away 3 apple
               "now? Explain step by step.")
 
 
-def verification_lab_tab(res: Resources) -> gr.Plot:
+def verification_lab_tab(res: Resources) -> tuple:
     """A verification rule (lossy unless it is `lossless`): acceptance per drafted token, p / q / output bars,
     and the accuracy-vs-speed Pareto plot of the shipped quality run. Returns that plot (filled on page load)."""
     with gr.Tab("Verification lab", id="tab-verify"):
@@ -240,21 +250,21 @@ def verification_lab_tab(res: Resources) -> gr.Plot:
         return (st, verifylab.view(res, st), plots.plot_value(verifylab.bars(res, st, 0)),
                 gr.update(maximum=max(1, len(st["tokens"]) - 1), value=0))
 
-    run.click(_ui_error(go), [prompt, rule, knob, temperature, max_new], [state, view, bars, pos],
+    lab_ev = run.click(_ui_error(go), [prompt, rule, knob, temperature, max_new], [state, view, bars, pos],
               concurrency_limit=1, concurrency_id="device", api_name="verify_lab")
     pos.change(_ui_error(lambda st, i: plots.plot_value(verifylab.bars(res, st, i))), [state, pos], bars,
                queue=False)
-    return pareto
+    return pareto, lab_ev
 
 
-def serving_tab(res: Resources) -> None:
+def serving_tab(res: Resources):
     """A small request load: batched SD vs MineDraft's PSD, drawn as it runs."""
     with gr.Tab("Serving", id="tab-serving"):
         gr.Markdown("Many requests at once. **SD**: one process drafts (the model's first 8 layers as the draft "
                     "model) and then verifies, for the whole batch. **PSD** (MineDraft): the drafter runs in its "
                     "own process on its own core and drafts one sub-batch while the target verifies the other. "
                     "Outputs are identical either way (greedy); only the timing differs. "
-                    "`python -m switchsd.serve_bench` measures the same at larger loads.")
+                    "`python -m switchsd serve-bench` measures the same at larger loads.")
         with gr.Row():
             lo, hi = serving.LIMITS["requests"]
             n = gr.Slider(lo, hi, value=6, step=1, label="Requests", elem_id="sv-requests")
@@ -281,7 +291,7 @@ def serving_tab(res: Resources) -> None:
             raise
         except Exception as e:  # a failure inside the engine or the drafter process: shown, never a traceback
             raise gr.Error(f"serving failed: {e.__class__.__name__}: {e}")
-    go.click(run, [n, b, m, r], [gantt, prog, lat, info], concurrency_limit=1, concurrency_id="device",
+    return go.click(run, [n, b, m, r], [gantt, prog, lat, info], concurrency_limit=1, concurrency_id="device",
              api_name="serving")
 
 
@@ -303,11 +313,13 @@ def build_demo(res: Resources) -> gr.Blocks:
     with gr.Blocks(title="SwitchSD Studio") as demo:
         model_status, precision = _header(res)
         chat, run_state, gen_ev, empty_plots, plot_outputs = generate_tab(res, precision, model_status)
-        race_tab(res, precision, chat)
-        probe_lab_tab(res)
+        race_tab(res, precision, chat, model_status)
+        probe_ev = probe_lab_tab(res)
         inspector_tab(run_state, gen_ev)
-        pareto = verification_lab_tab(res)
-        serving_tab(res)
+        pareto, lab_ev = verification_lab_tab(res)
+        serving_ev = serving_tab(res)
+        for ev in (probe_ev, lab_ev, serving_ev):        # the header says what is loaded after any run
+            ev.then(lambda: res.status(), None, model_status, queue=False)
         demo.load(lambda: plots.plot_value(verifylab.pareto()), None, pareto, queue=False)
         demo.load(empty_plots, None, plot_outputs, queue=False)
         demo.load(res.status, None, model_status, queue=False)        # a page opened after the model loaded

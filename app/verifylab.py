@@ -3,7 +3,7 @@ acceptance probability, and show at any position the target p, the draft q and t
 
 p at each position is the target's (at the run's temperature) over the final text, q the EAGLE-3 head's
 one-step draft distribution at that position (the q of a step's first drafted token), and the rule's output law
-follows from them (switchsd/core/rules.py). The Pareto plot reads a quality run (python -m switchsd.quality).
+follows from them (switchsd/core/rules.py). The Pareto plot reads a quality run (python -m switchsd quality).
 """
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ def pareto(path: Path = QUALITY) -> dict:
     """Accuracy vs tokens per target forward of every spec in a quality run's summary.json."""
     from .plots import _fig
     if not path.exists():
-        return _fig([], "no quality run shipped yet (python -m switchsd.quality)", "tokens per forward", "accuracy")
+        return _fig([], "no quality run shipped yet (python -m switchsd quality)", "tokens per forward", "accuracy")
     rules = json.loads(path.read_text())["rules"]
     fam = lambda k: k.split(":")[0]          # noqa: E731
     colors = {"lossless": "#212529", "target": "#868e96", "target-minp": "#adb5bd", "target-eta": "#ced4da",

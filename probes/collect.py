@@ -16,9 +16,8 @@ import json
 import random
 from pathlib import Path
 
-
 from switchsd.eval.datasets import load_prompts
-from switchsd.target.models import load_model
+from switchsd.models.loading import load_model
 
 from . import copydiversity, realtext
 from .features import complete, site_features

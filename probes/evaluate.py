@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from switchsd.target.capture import HiddenCapture
-from switchsd.target.models import load_model
 from switchsd.core.probe import ProbeError, load_probe
 from switchsd.io import read_jsonl
+from switchsd.models.capture import HiddenCapture
+from switchsd.models.loading import load_model
 
 from .features import complete
 from .labels import aligned_pairs

@@ -16,8 +16,8 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from switchsd.io import cut_at_eos, left_padded, length_batches, read_jsonl, right_padded, save_safetensors_atomic
-from switchsd.target.capture import HiddenCapture
-from switchsd.target.models import LoadedModel
+from switchsd.models.capture import HiddenCapture
+from switchsd.models.loading import LoadedModel
 
 from .labels import aligned_pairs
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from switchsd.target.models import load_model
 from switchsd.core.probe import Probe
 from switchsd.io import read_jsonl
+from switchsd.models.loading import load_model
 
 from .features import all_sites, load_site, site_key
 from .fit import fit_probe

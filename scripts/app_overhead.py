@@ -5,7 +5,7 @@ real server, offline model) against the CLI engine on the same prompt and method
         [--variant NAME:ENV=VALUE,...]
 
 The runs are interleaved (CLI, app, CLI, app, ...) so that a drift in the machine's speed hits both alike.
-CLI: `python -m switchsd.generate --json` (fresh process per run, model load not counted), with the browser on
+CLI: `python -m switchsd generate --json` (fresh process per run, model load not counted), with the browser on
 about:blank; Tok/s from its stats, first token = prefill + first step. App: the server keeps the model loaded;
 before each timed run the page is reloaded and one untimed generation warms it up (Plotly.js); then Generate
 is clicked and the page itself times (mutation observers) the click, the first token span and the final
@@ -27,13 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from app.studio import PRESETS  # noqa: E402
-from test_browser import CHROMIUM, FLAGS  # noqa: E402
 from app_server import AppServer  # noqa: E402
+from test_browser import CHROMIUM, FLAGS  # noqa: E402
+
+from app.studio import PRESETS  # noqa: E402
 
 
 def cli_run(method: str, prompt: str, max_new: int) -> dict:
-    p = subprocess.run([sys.executable, "-m", "switchsd.cli.generate", "--method", method, "--chat", "--prompt", prompt,
+    p = subprocess.run([sys.executable, "-m", "switchsd", "generate", "--method", method, "--chat", "--prompt", prompt,
                         "--max-new-tokens", str(max_new), "--json"], cwd=ROOT, capture_output=True, text=True,
                        check=True)
     d = json.loads(p.stdout.strip().splitlines()[-1])

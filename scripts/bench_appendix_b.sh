@@ -11,6 +11,6 @@ OUT=${OUT:-runs/appendix-b-$DTYPE}
 METHODS=${METHODS:-hf,hf-pld,vanilla,pld,copyspec,banditspec,eagle3,switchsd,samd,lookahead}
 for spec in ${SETS:-humaneval:40 math500:40 cnndm:20}; do
   ds=${spec%%:*}; n=${spec##*:}
-  $PY -m switchsd.bench --dataset "$ds" --limit "$n" --max-new-tokens 256 --dtype "$DTYPE" \
+  $PY -m switchsd bench --dataset "$ds" --limit "$n" --max-new-tokens 256 --dtype "$DTYPE" \
       --methods "$METHODS" --out "$OUT/$ds" "$@"
 done

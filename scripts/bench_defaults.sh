@@ -17,6 +17,6 @@ for spec in ${SETS:-humaneval:40 math500:40 cnndm:20 mtbench:20}; do
   extra=()
   methods=$METHODS
   if [ "$ds" = mtbench ]; then extra=(--category writing,roleplay); methods=$MT_METHODS; fi
-  $PY -m switchsd.bench --dataset "$ds" --limit "$n" --max-new-tokens 256 --dtype "$DTYPE" \
+  $PY -m switchsd bench --dataset "$ds" --limit "$n" --max-new-tokens 256 --dtype "$DTYPE" \
       --methods "$methods" --out "$OUT/$ds" "${extra[@]}" "$@"
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 21's bench: the offline model in its fastest format (`--dtype auto`: int4 where calibrated or uncalibrated
+# The int4 bench: the offline model in its fastest format (`--dtype auto`: int4 where calibrated or uncalibrated
 # on CPU) beside llama.cpp on the same GGUF and the transformers peers, defaults a user gets, 256 new tokens, one
 # bench run per dataset (resumable). llama-cpp needs `pip install llama-cpp-python` (skipped with a message without).
 #   scripts/bench_int4.sh
@@ -12,6 +12,6 @@ OUT=${OUT:-runs/int4-bench-$DTYPE}
 METHODS=${METHODS:-llama-cpp,hf,hf-pld,vanilla,pld,eagle3,switchsd}
 for spec in ${SETS:-humaneval:40 math500:40}; do
   ds=${spec%%:*}; n=${spec##*:}
-  $PY -m switchsd.bench --dataset "$ds" --limit "$n" --max-new-tokens 256 --dtype "$DTYPE" \
+  $PY -m switchsd bench --dataset "$ds" --limit "$n" --max-new-tokens 256 --dtype "$DTYPE" \
       --methods "$METHODS" --out "$OUT/$ds" "$@"
 done

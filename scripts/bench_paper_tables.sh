@@ -11,7 +11,7 @@ OUT=${OUT:-runs/paper}
 METHODS=vanilla,pld,copyspec@chain1,eagle3@chain1,banditspec@chain1+k2,switchsd@chain1+k2+t0.3,oracle
 for spec in humaneval:40 math500:40 cnndm:20; do
   ds=${spec%%:*}; n=${spec##*:}
-  $PY -m switchsd.bench --dataset "$ds" --limit "$n" --max-new-tokens 256 --dtype bfloat16 \
+  $PY -m switchsd bench --dataset "$ds" --limit "$n" --max-new-tokens 256 --dtype bfloat16 \
       --methods "$METHODS" --out "$OUT/$ds" "$@"
 done
-$PY -m switchsd.analysis tax --results "$OUT"/{humaneval,math500,cnndm}/results.json | tee "$OUT/tax.md"
+$PY -m switchsd analysis tax --results "$OUT"/{humaneval,math500,cnndm}/results.json | tee "$OUT/tax.md"

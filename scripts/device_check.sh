@@ -19,10 +19,10 @@ nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
 step "CUDA tests"
 python -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.txt"
 step "calibration"
-python -m switchsd.calibrate --max-tokens 256 | tail -1 > "$OUT/calibration.json"
+python -m switchsd calibrate --max-tokens 256 | tail -1 > "$OUT/calibration.json"
 step "bench float32 (identity) and bfloat16 (speed)"
-python -m switchsd.bench --dataset humaneval --limit 10 --methods hf,hf-pld,vanilla,pld,copyspec,eagle3,switchsd \
+python -m switchsd bench --dataset humaneval --limit 10 --methods hf,hf-pld,vanilla,pld,copyspec,eagle3,switchsd \
     --max-new-tokens 128 --dtype float32 --out "$OUT/fp32" | tail -1 > "$OUT/bench_fp32.json"
-python -m switchsd.bench --dataset humaneval --limit 10 --methods hf,hf-pld,vanilla,pld,copyspec,eagle3,switchsd \
+python -m switchsd bench --dataset humaneval --limit 10 --methods hf,hf-pld,vanilla,pld,copyspec,eagle3,switchsd \
     --max-new-tokens 128 --dtype bfloat16 --out "$OUT/bf16" | tail -1 > "$OUT/bench_bf16.json"
 cat "$OUT"/*.json

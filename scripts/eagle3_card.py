@@ -1,4 +1,4 @@
-"""The measured half of an EAGLE-3 head's card (issue 31, item 5): the data-scaling curve (the rows of
+"""The measured half of an EAGLE-3 head's card: the data-scaling curve (the rows of
 `scripts/eagle3_scaling.py`) and acceptance per draft position per benchmark (bench runs of the head).
 
     python scripts/eagle3_card.py --scaling ~/.cache/switchsd/eagle3/sharegpt/scaling.json \

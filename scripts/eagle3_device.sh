@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The whole EAGLE-3 pipeline on a lent accelerator in one call (issue 31, item 4): the target answers the
+# The whole EAGLE-3 pipeline on a lent accelerator in one call: the target answers the
 # ShareGPT prompts (greedy, continuous batching, features from the same forwards), the head trains from the
 # shipped one on them, and the head plus the answers (token ids) come back through $OUT. Prepared by
 # scripts/eagle3_device_pack.sh (read it first: three calls carry the model in parts). The head it makes is then
-# measured on the CPU like any other (python -m switchsd.bench ... --eagle <head>).
+# measured on the CPU like any other (python -m switchsd bench ... --eagle <head>).
 #
 #   bash scripts/eagle3_device.sh        # REGEN_S=240 s answering, TRAIN_MIN=3 min training: one 600 s call        # $OUT set by the device tool
 #
@@ -37,14 +37,14 @@ export PYTHONPATH=/tmp/site:$PWD SWITCHSD_CACHE=/tmp/switchsd-cache
 stamp "model assembled"
 
 # 2. the target answers (validation first), for REGEN_S seconds
-timeout -s TERM "$REGEN_S" $PY -m switchsd.regen_sharegpt --device "$DEVICE" --prompt-ids .devcarry/p2/prompts \
+timeout -s TERM "$REGEN_S" $PY -m switchsd regen-sharegpt --device "$DEVICE" --prompt-ids .devcarry/p2/prompts \
     --state "$STATE" --slots "$SLOTS" --max-new-tokens "$MAXNEW" --val "$VAL" --shard 256 --answers 100000 2>&1 | tr '\r' '\n' | grep -v "answer/s\]$" | tail -5
 cp "$STATE/progress.json" "$OUT/regen_progress.json" || { echo "no answer was finished in $REGEN_S s"; exit 1; }
-$PY -m switchsd.regen_sharegpt --state "$STATE" --export-answers "$OUT/answers.jsonl.gz"
+$PY -m switchsd regen-sharegpt --state "$STATE" --export-answers "$OUT/answers.jsonl.gz"
 stamp "answers exported"
 
 # 3. training from the shipped head, on a draft vocabulary grown to 12,288 (95% of ShareGPT answer tokens)
-$PY -m switchsd.train_eagle3 --sharegpt "$STATE" --init assets/eagle3-smollm2-135m --revocab --draft-vocab 12288 \
+$PY -m switchsd train-eagle3 --sharegpt "$STATE" --init assets/eagle3-smollm2-135m --revocab --draft-vocab 12288 \
     --epochs 20 --time-budget "$TRAIN_MIN" --tokens-per-batch "${TPB:-32768}" --lr 1e-3 --save-every 100000 \
     --val-limit 64 --work /tmp/eagle3-work --out /tmp/eagle3-head 2>&1 | tr '\r' '\n' | grep -v "step/s\]$" | tail -8
 stamp "trained"

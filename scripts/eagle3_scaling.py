@@ -1,4 +1,4 @@
-"""The EAGLE-3 data-scaling curve: one head per prefix of the ShareGPT answers (`python -m switchsd.regen_sharegpt`),
+"""The EAGLE-3 data-scaling curve: one head per prefix of the ShareGPT answers (`python -m switchsd regen-sharegpt`),
 each scored by validation agreement per TTT step (the held-out ShareGPT answers) and by MT-Bench chain tau.
 
     nohup python scripts/eagle3_scaling.py --sizes 2000,5000,10000,20000 > ~/.cache/switchsd/eagle3/scaling.log &
@@ -32,7 +32,7 @@ def run(cmd: list[str]) -> str:
 def mtbench_tau(head: Path, out: Path, limit: int, max_new: int) -> tuple[float, int]:
     """Tokens per target forward of EAGLE-3 chain 3 on MT-Bench first turns (the bench's last line is JSON), and
     the verify budget it ran with (a calibration measured under load can cap the chain: keep it in sight)."""
-    last = run([sys.executable, "-m", "switchsd.bench", "--dataset", "mtbench", "--limit", str(limit),
+    last = run([sys.executable, "-m", "switchsd", "bench", "--dataset", "mtbench", "--limit", str(limit),
                 "--max-new-tokens", str(max_new), "--methods", "eagle3@chain3", "--eagle", str(head),
                 "--out", str(out)]).strip().splitlines()[-1]
     methods = json.loads(last)["methods"]
@@ -74,7 +74,7 @@ def main() -> None:
             continue
         tag = hashlib.sha1(variant.encode()).hexdigest()[:8]
         work = state / "scaling" / (f"{n}-{tag}" if not tf else f"{n}+{tf}-{tag}")   # stable across runs
-        cmd = [sys.executable, "-m", "switchsd.train_eagle3", "--sharegpt", str(state), "--answers", str(n),
+        cmd = [sys.executable, "-m", "switchsd", "train-eagle3", "--sharegpt", str(state), "--answers", str(n),
                "--tf-answers", str(tf), "--epochs", str(args.epochs), "--lr", str(args.lr),
                "--draft-vocab", str(args.draft_vocab), "--save-every", str(args.save_every),
                "--ttt", str(args.ttt), "--work", str(work), "--out", str(work / "head")]

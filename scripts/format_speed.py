@@ -5,11 +5,11 @@ chat-templated prompts, interleaved prompt by prompt, after a warm-up; mean of p
     python scripts/format_speed.py --dataset humaneval --limit 10 --max-new-tokens 128 --out runs/format-speed
 
 A format may name the forward it runs on: `bfloat16@hf` is vanilla on transformers' own forward in bfloat16 (the
-engine's forward before the lean one, the speed issue's baseline); `--base` names the row the speedup column
+engine's forward before the lean one: the baseline); `--base` names the row the speedup column
 divides by (default bfloat16).
 
 Also reports, per format, the one-token forward and the verify cost curve's shape (ms at 1, 4, 8, 16 rows)
-from `switchsd.target.calibrate.measure`, and each format's agreement with the float32 model's greedy tokens.
+from `switchsd.models.calibrate.measure`, and each format's agreement with the float32 model's greedy tokens.
 Last line: JSON {format: {"tok_s", "x_base", "x_llama_cpp", "same_as_float32"}}.
 """
 from __future__ import annotations
@@ -29,9 +29,9 @@ from switchsd.eval.datasets import DATASETS, load_prompts
 from switchsd.eval.mismatch import explain
 from switchsd.eval.peers import LlamaCppPeer, llama_cpp_missing
 from switchsd.factory import Drafters, build_engine
-from switchsd.target import int4
-from switchsd.target.calibrate import measure
-from switchsd.target.models import gguf_path, load_model
+from switchsd.models import int4
+from switchsd.models.calibrate import measure
+from switchsd.models.loading import gguf_path, load_model
 
 FORMATS = ("float32", "bfloat16", "int4", "int4-float32")
 

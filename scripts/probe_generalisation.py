@@ -28,7 +28,7 @@ from probes.fit import fit_probe  # noqa: E402
 from probes.metrics import roc_auc  # noqa: E402
 from probes.train import split_mask  # noqa: E402
 from switchsd.core.probe import load_probe  # noqa: E402
-from switchsd.target.models import load_model  # noqa: E402
+from switchsd.models.loading import load_model  # noqa: E402
 
 SETS = ("probe_heldout2-64", "probe_heldout2-192", "probe_heldout3-64", "probe_heldout3-192", "real",
         "probe_heldout-64", "probe_heldout-192")

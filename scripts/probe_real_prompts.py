@@ -27,7 +27,7 @@ from switchsd.core.config import EngineConfig  # noqa: E402
 from switchsd.core.probe import load_probe  # noqa: E402
 from switchsd.eval.datasets import load_prompts  # noqa: E402
 from switchsd.factory import Drafters, build_engine  # noqa: E402
-from switchsd.target.models import load_model  # noqa: E402
+from switchsd.models.loading import load_model  # noqa: E402
 
 CATEGORIES = ("translation", "summarization", "qa", "math_reasoning", "rag")
 

@@ -1,4 +1,4 @@
-"""A quality run (python -m switchsd.quality) as a Markdown table and a Pareto plot (docs/quality/pareto.png +
+"""A quality run (python -m switchsd quality) as a Markdown table and a Pareto plot (docs/quality/pareto.png +
 the summary the studio's Verification lab reads).
 
     python scripts/quality_report.py runs/quality-main [more run folders] --out docs/quality

@@ -24,10 +24,10 @@ from switchsd.core.config import EngineConfig
 from switchsd.eval.datasets import load_prompts
 from switchsd.eval.mismatch import explain
 from switchsd.factory import Drafters, build_engine
+from switchsd.models.loading import load_model
 from switchsd.serve.drafting import BatchDrafter, load_draft
 from switchsd.serve.engine import BatchedEngine
 from switchsd.serve.load import external_decoder
-from switchsd.target.models import load_model
 
 
 def trial_plan(k: int, n: int, seed: int) -> dict:

@@ -16,23 +16,30 @@ from pathlib import Path
 
 import torch
 
-from .target.calibrate import device_cost
-from .target.forward import resolve_forward
 from .core.config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, SMCConfig, TreeConfig
 from .core.costs import VerifyCost
+from .core.engine import Engine
+from .core.probe import ProbeError, load_probe
+from .core.smc import SMCEngine, self_draft
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.eagle3 import Eagle3Drafter
 from .drafters.eagle3_model import Eagle3LoadError, load_eagle3
 from .drafters.particles import Eagle3Particles, ModelParticles
-from .core.smc import SMCEngine, self_draft
-from .core.engine import Engine
-from .core.methods import METHODS, NEEDS_NEURAL, NEEDS_PROBE, NEURAL_METHODS, build_policy, uses_cost_gate
-from .target.models import DEFAULT_MODEL, LoadedModel, ModelLoadError, load_model
-from .core.probe import ProbeError, load_probe
+from .methods import METHODS, NEEDS_NEURAL, NEEDS_PROBE, NEURAL_METHODS, build_policy, uses_cost_gate
+from .models.calibrate import device_cost
+from .models.forward import make_target, resolve_forward
+from .models.loading import DEFAULT_MODEL, LoadedModel, ModelLoadError, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_HEADS = {DEFAULT_MODEL: ROOT / "assets" / "eagle3-smollm2-135m"}
 DEFAULT_PROBES = {DEFAULT_MODEL: ROOT / "probes" / "smollm2-135m-instruct.safetensors"}
+
+
+def make_engine(model, policy, cfg: EngineConfig = EngineConfig(), eos_ids=(), max_length: int | None = None,
+                probe=None, cost: VerifyCost | None = None) -> Engine:
+    """An Engine on `model` with the target forward `cfg.forward` names (the lean one where supported, else
+    transformers'): the one place the engine is given its target."""
+    return Engine(model, policy, cfg, eos_ids, max_length, probe=probe, cost=cost, make_target=make_target)
 
 
 class SetupError(ValueError):
@@ -191,7 +198,7 @@ def build_engine(method: str, lm: LoadedModel, drafters: Drafters | None = None,
                               cost=cost)
     except ValueError as e:
         raise SetupError(str(e)) from None
-    return Engine(lm.model, policy, engine, lm.eos_ids(), lm.max_length, probe=probe, cost=cost)
+    return make_engine(lm.model, policy, engine, lm.eos_ids(), lm.max_length, probe=probe, cost=cost)
 
 
 def smc_engine(lm: LoadedModel, drafters: Drafters, engine: EngineConfig, smc: SMCConfig, variant: dict,

@@ -13,18 +13,33 @@ import torch
 T = TypeVar("T")
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Every non-blank line of a JSONL file (gzip-compressed where the name ends in .gz); a bad line raises
-    ValueError naming the file and line."""
+MAX_ROW_BYTES = 8 << 20      # one JSONL row above 8 MB is a wrong file, not a prompt
+
+
+def read_jsonl(path: str | Path, objects: bool = False, max_row_bytes: int = MAX_ROW_BYTES) -> list:
+    """Every non-blank line of a JSONL file (gzip-compressed where the name ends in .gz). A bad line raises
+    ValueError naming the file and row: not valid JSON, longer than `max_row_bytes`, or (with `objects`) not a
+    JSON object."""
     rows = []
     opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
+    with opener(path, "rb") as f:                 # bytes, decoded line by line: errors name the right row
+        for i, raw in enumerate(f, 1):
+            if len(raw) > max_row_bytes:
+                raise ValueError(f"{path}: row {i} is {len(raw) / 2**20:.1f} MB, over the "
+                                 f"{max_row_bytes / 2**20:.0f} MB a row may hold")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"{path}: row {i} is not UTF-8 text") from None
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    row = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+                    raise ValueError(f"{path}: row {i} is not valid JSON ({e.msg})") from None
+                if objects and not isinstance(row, dict):
+                    raise ValueError(f"{path}: row {i} is {type(row).__name__ if row is not None else 'null'}, "
+                                     f"not a JSON object")
+                rows.append(row)
     return rows
 
 

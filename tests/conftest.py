@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import make_tiny_model
 
 # The suite's own device curves (tests/data/calibration/README.md): the real-model tests decide with curves measured
@@ -63,7 +62,7 @@ def peaked_model():
 @pytest.fixture(scope="session")
 def real_lm():
     """SmolLM2-135M-Instruct, offline, float32 on CPU. Skips when the offline model package is missing."""
-    from switchsd.target.models import ModelLoadError, load_model
+    from switchsd.models.loading import ModelLoadError, load_model
     try:
         lm = load_model(dtype="float32", device="cpu")
     except ModelLoadError as e:  # pragma: no cover - depends on the environment

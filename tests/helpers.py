@@ -10,7 +10,8 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from switchsd.core.config import CopyConfig, EngineConfig, SamplingConfig
 from switchsd.core.engine import Engine
-from switchsd.core.methods import METHODS, build_policy
+from switchsd.factory import make_engine
+from switchsd.methods import METHODS, build_policy
 
 VOCAB = 64
 EOS = 1
@@ -97,15 +98,15 @@ def greedy_reference(model, prompt: Sequence[int], max_new_tokens: int, eos: int
     return out
 
 
-def make_engine(model, method: str, max_new_tokens: int = 40, budget: int = 32, eos: Sequence[int] = (EOS,),
+def method_engine(model, method: str, max_new_tokens: int = 40, budget: int = 32, eos: Sequence[int] = (EOS,),
                 sampling: SamplingConfig = SamplingConfig(), copy: CopyConfig = CopyConfig(), **kw) -> Engine:
     cfg = EngineConfig(max_new_tokens=max_new_tokens, budget=budget, sampling=sampling,
                        stop_at_eos=kw.pop("stop_at_eos", True))
-    return Engine(model, build_policy(method, eos_ids=eos, copy_cfg=copy), cfg, eos_ids=eos, **kw)
+    return make_engine(model, build_policy(method, eos_ids=eos, copy_cfg=copy), cfg, eos_ids=eos, **kw)
 
 
 def run_method(model, method: str, prompt: Sequence[int], **kw):
-    return make_engine(model, method, **kw).run(prompt)
+    return method_engine(model, method, **kw).run(prompt)
 
 
 def check_event_stream(gen, prompt_len: int, budget: int) -> None:

@@ -93,6 +93,7 @@ def test_api_generation_streams_and_errors(server):
 @pytest.mark.real
 def test_api_stop_cancels(server):
     import time
+
     from gradio_client import Client
     c = Client(server.url, verbose=False)
     job = c.submit("Write a long story about a dragon.", "vanilla", 0.0, 1024, True, False, 0.5, 5, 10, 20, 0,
@@ -112,24 +113,27 @@ def test_api_stop_cancels(server):
 @pytest.mark.real
 def test_api_race_returns_three_lossless_lanes(server):
     from gradio_client import Client
+
     from app.resources import Resources
     if Resources().default_method() != "switchsd":
         pytest.skip("the race needs the shipped EAGLE3 head and probe")
     c = Client(server.url, verbose=False)
     outs = list(c.submit("Repeat exactly: alpha beta gamma delta epsilon zeta eta theta iota kappa.", 24, True, True,
-                         "float32", api_name="/race"))
+                         "float32", 1, True, api_name="/race"))      # 1 run per lane, + EAGLE3 without its gate
     lanes, status = outs[-1][0], outs[-1][1]
-    assert lanes.count('class="ssd-lane"') == 4, "the vanilla lane is shown by default"
-    for m in ("vanilla", "switchsd", "eagle3", "copyspec"):
+    assert lanes.count('class="ssd-lane"') == 5, "the vanilla lane is shown by default"
+    for m in ("vanilla", "switchsd", "eagle3", "copyspec", "eagle3 (no cost gate)"):
         assert f'data-lane="{m}"' in lanes
-    assert lanes.count("lossless ✓ equal to vanilla") == 3, "float32, T=0: every lane equals vanilla"
-    assert lanes.count("x vanilla") == 3, "each lane shows its speedup over vanilla"
-    assert "replay" in status
+    assert lanes.count("lossless ✓ equal to vanilla") == 4, "float32, T=0: every lane equals vanilla"
+    assert lanes.count("x vanilla") == 4, "each lane shows its speedup over vanilla"
+    assert lanes.count('class="ssd-paths"') == 5, "each lane shows its paths"
+    assert "replay" in status and "warm-up" in status
 
 
 @pytest.mark.real
 def test_api_probe_lab_scores_and_rejects_bad_files(server, tmp_path):
     from gradio_client import Client, handle_file
+
     from app.resources import Resources
     c = Client(server.url, verbose=False)
     shipped = Resources().shipped_probes()

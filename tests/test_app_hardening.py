@@ -160,7 +160,7 @@ def test_five_clients_stop_disconnect_and_idle(server):
 def test_race_leaks_no_hooks_and_state_keeps_no_hidden_vectors():
     """With transformers' forward (hooks capture the probe's and EAGLE-3's hidden states): a race left mid-way
     and 3 finished races leave no hook on the model; the inspector's state holds no hidden vectors."""
-    from app import handlers
+    from app import handlers, race
     from app.resources import Resources
     res = Resources(forward="hf")
     model = res.lm().model
@@ -168,14 +168,14 @@ def test_race_leaks_no_hooks_and_state_keeps_no_hidden_vectors():
     def hooks() -> int:
         return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
     assert hooks() == 0
-    gen = handlers.race(res, "Repeat exactly: one two three four five six seven eight.", 8, True)
+    gen = race.race(res, "Repeat exactly: one two three four five six seven eight.", 8, True, repeats=1)
     for _ in range(3):               # vanilla ran, switchsd is running or about to
         next(gen)
     gen.close()                      # the client left
     res.worker.call(lambda: None)    # whatever the thread was doing has finished
     assert hooks() == 0
     for _ in range(3):
-        for _frame in handlers.race(res, "Repeat exactly: alpha beta gamma delta.", 6, True, replay_speed=1e9):
+        for _frame in race.race(res, "Repeat exactly: alpha beta gamma delta.", 6, True, replay_speed=1e9, repeats=1):
             pass
     assert hooks() == 0
     frames = list(handlers.generate(res, "Repeat exactly: a b c d e f a b c d e f.", "switchsd", 0.0, 12, True,
@@ -189,10 +189,10 @@ def test_race_leaks_no_hooks_and_state_keeps_no_hidden_vectors():
 @pytest.mark.real
 def test_race_runs_without_a_probe():
     """A model setup without a probe loses the SwitchSD lane, not the whole race."""
-    from app import handlers
+    from app import race
     from app.resources import Resources
     res = Resources(probe="/nonexistent/probe.safetensors")
-    frames = list(handlers.race(res, "Repeat exactly: one two three one two three.", 8, True, replay_speed=1e9))
+    frames = list(race.race(res, "Repeat exactly: one two three one two three.", 8, True, replay_speed=1e9, repeats=1))
     lanes, status = frames[-1].lanes, frames[-1].status
     assert 'data-lane="vanilla"' in lanes and 'data-lane="eagle3"' in lanes and 'data-lane="copyspec"' in lanes
     assert 'data-lane="switchsd"' not in lanes and "switchsd skipped" in status
@@ -299,7 +299,7 @@ def test_uploads_are_not_cached_and_loads_never_hold_a_lock(tmp_path):
 
     from app.resources import Resources
     from switchsd.factory import DEFAULT_PROBES
-    from switchsd.target.models import DEFAULT_MODEL
+    from switchsd.models.loading import DEFAULT_MODEL
     res = Resources()
     got = []
     res.worker.post(lambda: (time.sleep(0.2), got.append(res.lm())))
@@ -323,9 +323,10 @@ def test_cli_refuses_non_finite_sampling_and_bad_auth():
     for t in ("inf", "nan", "1e-300", "-1"):
         with pytest.raises(SystemExit, match="temperature"):
             engine_config(ap.parse_args(["--temperature", t]), 8)
-    import app as app_script  # the package app/ shadows app.py: load the script by path
     import importlib.util
     from pathlib import Path
+
+    import app as app_script  # the package app/ shadows app.py: load the script by path
     spec = importlib.util.spec_from_file_location("app_script", Path(app_script.__path__[0]).parent / "app.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -354,9 +355,9 @@ def test_state_expires_and_probe_weight_moves_once(monkeypatch):
 
 def test_a_transformers_that_ignores_the_cache_is_refused(tiny_model, monkeypatch):
     from switchsd.core.config import EngineConfig
-    from switchsd.core.engine import Engine
     from switchsd.core.policies import Fixed
-    eng = Engine(tiny_model, Fixed([]), EngineConfig(max_new_tokens=4, forward="hf"), ())
+    from switchsd.factory import make_engine
+    eng = make_engine(tiny_model, Fixed([]), EngineConfig(max_new_tokens=4, forward="hf"), ())
     real = tiny_model.forward
     monkeypatch.setattr(tiny_model, "forward", lambda *a, **k: real(*a, **{**k, "cache": None}))
     with pytest.raises(RuntimeError, match="ignored cache="):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import make_tiny_model, random_prompt
+
 from switchsd.eval.bench import _resume, aggregate
 from switchsd.eval.mismatch import explain, first_divergence, summarize_mismatches
 
@@ -141,14 +141,16 @@ class _CharTokenizer:
 
 
 def test_bench_main_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, capsys):
-    """`python -m switchsd.bench` on a tiny float64 model: every method and the transformers peers identical to
+    """`python -m switchsd bench` on a tiny float64 model: every method and the transformers peers identical to
     vanilla, the oracle above every method in tokens per forward, results.json / table.md written, and a second
     run resumes from partial.jsonl without decoding any prompt again."""
     import json as _json
+
     from helpers import make_tiny_model
+
     from switchsd.core.engine import Engine
     from switchsd.eval import bench
-    from switchsd.target.models import LoadedModel
+    from switchsd.models.loading import LoadedModel
     lm = LoadedModel(make_tiny_model(), _CharTokenizer(), "tiny")
     monkeypatch.setattr(bench, "load", lambda args: lm)
     data = tmp_path / "prompts.jsonl"
@@ -174,6 +176,7 @@ def test_bench_main_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, capsys):
 def test_default_data_files_are_found_next_to_the_checkout(tmp_path, monkeypatch):
     """`../shared/data` beside the checkout (the README's promise) and `shared/data` inside it are searched."""
     from pathlib import Path
+
     from switchsd.eval import datasets
     monkeypatch.delenv("SWITCHSD_DATA", raising=False)
     checkout = Path(datasets.__file__).resolve().parents[2]

@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.real, pytest.mark.browser,
 
 @pytest.fixture(scope="module")
 def page():
-    from playwright.sync_api import sync_playwright
     from app_server import AppServer
+    from playwright.sync_api import sync_playwright
     live = {"SWITCHSD_PLOT_REFRESH_S": "0.1", "SWITCHSD_REFRESH_S": "0.1"}   # live frames even in a short run
     os.environ.update(live)                                                   # (server env)
     try:

@@ -1,4 +1,4 @@
-"""`switchsd.target.calibrate`: the monotone envelope, the budget it implies (including the no-qualifying-size
+"""`switchsd.models.calibrate`: the monotone envelope, the budget it implies (including the no-qualifying-size
 case), the cost curve saved and read back per model / dtype / forward, the fallback when a device is not
 calibrated or its file is corrupt, and a real measurement on a tiny model."""
 from __future__ import annotations
@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-
 from helpers import make_tiny_model
-from switchsd.target import calibrate as cal
-from switchsd.target.models import LoadedModel
+
+from switchsd.models import calibrate as cal
+from switchsd.models.loading import LoadedModel
 
 
 @pytest.fixture
@@ -70,7 +69,7 @@ def test_measure_returns_positive_times_for_every_size(lm):
 def test_calibration_folder_follows_its_variable(lm, tmp_path, monkeypatch):
     """$SWITCHSD_CALIBRATION moves every device measurement (curves and the dtype choice); unset, they live
     under $SWITCHSD_CACHE/calibration."""
-    from switchsd.target.models import dtype_choice_path
+    from switchsd.models.loading import dtype_choice_path
     assert cal.calibration_path(lm).parent == tmp_path / "calibration" == dtype_choice_path("cpu").parent
     monkeypatch.setenv("SWITCHSD_CALIBRATION", str(tmp_path / "own"))
     assert cal.calibration_path(lm).parent == tmp_path / "own" == dtype_choice_path("cpu").parent
@@ -86,7 +85,7 @@ def test_measure_keeps_each_sizes_fastest_round(lm, monkeypatch):
     def fake_time():
         t = next(clock)
         return t * 1e-3 + (5.0 if (t // 2) in slow and t % 2 else 0.0)
-    from switchsd.target import forward as fwd
+    from switchsd.models import forward as fwd
     real = fwd.make_target(lm.model, ())
 
     class Spy:

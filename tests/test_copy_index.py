@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from switchsd.core.config import CopyConfig
-from switchsd.drafters.base import Draft, DraftRequest, Drafter
+from switchsd.core.drafting import Draft, Drafter, DraftRequest
 from switchsd.drafters.copy import CopyDrafter, CopySpecDrafter, NGramIndex, PLDDrafter
 
 
@@ -295,7 +295,7 @@ def test_copyspec_equals_brute_force(tokens, max_len, chunks):
 def test_pld_candidates_most_recent_distinct_continuations():
     """candidates=1: transformers' prompt lookup (earliest occurrence); more: distinct continuations of the most
     recent occurrences first, each <= num_tokens, cut at EOS, falling back from the 2-gram to the 1-gram."""
-    from switchsd.drafters.base import DraftRequest
+    from switchsd.core.drafting import DraftRequest
     from switchsd.drafters.copy import PLDDrafter
     toks = [5, 6, 1, 2, 9, 5, 6, 3, 4, 8, 5, 6, 3, 4, 7, 5, 6]
     one, three = PLDDrafter(num_tokens=3), PLDDrafter(num_tokens=3, candidates=3, eos_ids=[9])

@@ -9,16 +9,23 @@ from collections import Counter
 
 import pytest
 import torch
+from helpers import (
+    VOCAB,
+    chisq_pvalue,
+    greedy_reference,
+    looping_prompt,
+    make_tiny_model,
+    random_prompt,
+    repetitive_prompt,
+)
 
-from helpers import (VOCAB, chisq_pvalue, greedy_reference, looping_prompt, make_tiny_model, random_prompt,
-                     repetitive_prompt)
 from switchsd.core.config import CopyConfig, EngineConfig, GateConfig, SamplingConfig
 from switchsd.core.costs import EmaTimer, Survival, VerifyCost, VerifyScale
-from switchsd.drafters.draft_model import DraftModelDrafter
-from switchsd.core.engine import Engine
-from switchsd.core.methods import build_policy
 from switchsd.core.policies import CostAware
 from switchsd.core.probe import Probe
+from switchsd.drafters.draft_model import DraftModelDrafter
+from switchsd.factory import make_engine
+from switchsd.methods import build_policy
 
 # float32 MKL on the CI CPU: 2-3 rows cost more than 4-8 (the shape that padding exploits)
 FP32_LIKE = VerifyCost({1: 44.0, 2: 73.0, 3: 89.0, 4: 68.0, 6: 66.0, 8: 65.0, 12: 79.0, 16: 81.0, 32: 101.0})
@@ -85,7 +92,7 @@ def _cost_engine(model, draft_model, cost, max_new=24, sampling=SamplingConfig()
     pol = build_policy("switchsd", (), CopyConfig(kappa=3), drafter, tau=tau, cost=cost)
     assert isinstance(pol, CostAware)
     cfg = EngineConfig(max_new_tokens=max_new, budget=12, sampling=sampling, stop_at_eos=False)
-    return Engine(model, pol, cfg, (), probe=_probe(model), cost=cost)
+    return make_engine(model, pol, cfg, (), probe=_probe(model), cost=cost)
 
 
 @pytest.mark.parametrize("cost", [FREE, FP32_LIKE, STEEP], ids=["free", "fp32-like", "steep"])
@@ -126,7 +133,7 @@ def test_padded_forward_gives_the_unpadded_logits(tiny_model):
     tree = build_tree(ids[-1], [[5, 6, 7], [5, 9]], 32)
     outs = []
     for cost in (None, VerifyCost({1: 1.0, 2: 9.0, 16: 2.0})):
-        eng = Engine(tiny_model, build_policy("vanilla"), EngineConfig(budget=16), cost=cost)
+        eng = make_engine(tiny_model, build_policy("vanilla"), EngineConfig(budget=16), cost=cost)
         cache = eng.target.new_cache(8)
         with torch.no_grad():
             eng._prefill(cache, ids[:-1])
@@ -193,7 +200,7 @@ def test_hf_peer_greedy_equals_reference(tiny_model):
 def test_auto_dtype_reads_the_calibrated_choice(tmp_path, monkeypatch):
     import json
 
-    from switchsd.target.models import dtype_choice_path, resolve_dtype
+    from switchsd.models.loading import dtype_choice_path, resolve_dtype
     monkeypatch.setenv("SWITCHSD_CACHE", str(tmp_path))
     monkeypatch.delenv("SWITCHSD_CALIBRATION")           # the suite's own folder (conftest): not here
     assert resolve_dtype("float32", "cpu") == torch.float32
@@ -211,11 +218,11 @@ def test_auto_format_int4_only_for_4bit_models(tmp_path, monkeypatch):
     models)."""
     import json
 
-    from switchsd.target.int4 import available
-    from switchsd.target.models import DTYPES, auto_format, dtype_choice_path
+    from switchsd.models.int4 import available
+    from switchsd.models.loading import DTYPES, auto_format, dtype_choice_path
     monkeypatch.setenv("SWITCHSD_CACHE", str(tmp_path))
     monkeypatch.delenv("SWITCHSD_CALIBRATION")           # the suite's own folder (conftest): not here
-    from switchsd.target import models
+    from switchsd.models import loading as models
     assert auto_format("cpu", int4_ok=True) == ("int4" if available() else auto_format("cpu"))
     assert auto_format("cpu") in DTYPES and auto_format("cuda", int4_ok=True) == "bfloat16"
     monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: False)      # an AVX2-only CPU, uncalibrated
@@ -233,7 +240,7 @@ def test_auto_format_int4_only_for_4bit_models(tmp_path, monkeypatch):
 
 def test_break_even_of_drafting_shapes():
     """A draft pays when its expected accepted tokens exceed (cost of its rows) / (cost of one row) - 1."""
-    from switchsd.target.calibrate import shapes_that_pay
+    from switchsd.models.calibrate import shapes_that_pay
     flat = shapes_that_pay({1: 10.0, 64: 10.0})
     assert all(v == 0.0 for v in flat.values())            # free verification: any draft pays
     steep = VerifyCost({1: 10.0, 2: 15.0, 32: 40.0})

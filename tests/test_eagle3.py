@@ -6,17 +6,17 @@ import json
 
 import pytest
 import torch
+from helpers import greedy_reference, random_prompt, repetitive_prompt
 from safetensors.torch import save_file
 
-from helpers import repetitive_prompt, random_prompt, greedy_reference
 from switchsd.core.config import CopyConfig, EngineConfig, NeuralConfig
-from switchsd.drafters.base import Draft, DraftRequest
+from switchsd.core.drafting import Draft, DraftRequest
+from switchsd.core.policies import PolicyState
 from switchsd.drafters.copy import CopyDrafter
 from switchsd.drafters.eagle3 import Eagle3Drafter, TreeConfig
 from switchsd.drafters.eagle3_model import Eagle3LoadError, load_eagle3
-from switchsd.core.engine import Engine
-from switchsd.core.methods import build_policy
-from switchsd.core.policies import PolicyState
+from switchsd.factory import make_engine
+from switchsd.methods import build_policy
 
 H, V, VD = 32, 64, 40
 
@@ -129,7 +129,7 @@ def eagle_engine(target, head, chain, budget=16, max_new=30, method="eagle3", **
     drafter = Eagle3Drafter(head, target, TreeConfig(**tree) if tree else TreeConfig(), chain=chain, gamma=4)
     policy = build_policy(method, (), CopyConfig(), drafter,       # the drafter's own shape, every step
                           neural_cfg=NeuralConfig(shape="chain" if chain else "tree"))
-    return Engine(target, policy, EngineConfig(max_new_tokens=max_new, budget=budget, stop_at_eos=False), ())
+    return make_engine(target, policy, EngineConfig(max_new_tokens=max_new, budget=budget, stop_at_eos=False), ())
 
 
 @pytest.mark.parametrize("chain", [True, False])
@@ -164,7 +164,7 @@ def test_lazy_propagation_matches_fresh_head(target, head):
     """After copy steps, the head's catch-up output equals a head re-run from scratch on the same tokens."""
     eagle = Eagle3Drafter(head, target, chain=True, gamma=3)
     copy = CopyDrafter(CopyConfig(kappa=3))
-    engine = Engine(target, Alternate(copy, eagle), EngineConfig(max_new_tokens=40, budget=12, stop_at_eos=False), ())
+    engine = make_engine(target, Alternate(copy, eagle), EngineConfig(max_new_tokens=40, budget=12, stop_at_eos=False), ())
     ids = repetitive_prompt(5, n=16, reps=3, tail=4)
     paths = []
     for ev in engine.generate(ids):
@@ -392,7 +392,7 @@ class BranchOracle:
         pass
 
     def propose(self, req):
-        from switchsd.drafters.base import Draft
+        from switchsd.core.drafting import Draft
         n = len(req.tokens)
         truth = self.full[n:n + min(4, req.max_len)]
         if not truth:
@@ -419,7 +419,7 @@ def test_lazy_propagation_after_branch_accepts(target, head):
     want = greedy_reference(target, ids, 30, eos=None)
     eagle = Eagle3Drafter(head, target, chain=True, gamma=3)
     cfg = EngineConfig(max_new_tokens=30, budget=12, stop_at_eos=False)
-    events = list(Engine(target, EveryOther(BranchOracle(ids + want), eagle), cfg, ()).generate(ids))
+    events = list(make_engine(target, EveryOther(BranchOracle(ids + want), eagle), cfg, ()).generate(ids))
     assert [t for e in events for t in e.new_tokens] == want
     branch = [e for e in events if e.path == "copy" and e.accepted_candidate == 1 and len(e.accepted) >= 2]
     assert branch and all(e.accepted_rows != list(range(1, len(e.accepted_rows) + 1)) for e in branch)
@@ -486,11 +486,13 @@ def _two_token_law_check(target, prompt, sampling, runs: int, policy) -> list:
     first pair follow the target's filtered law (chi-square), and that the first token is rejected as the
     unfiltered T = 1 law (negative control). Returns each run's first StepEvent."""
     from collections import Counter
+
     from helpers import chisq_pvalue
+
     from switchsd.core.verify import target_probs
     first, pairs, events = Counter(), Counter(), []
     for i in range(runs):
-        eng = Engine(target, policy(i), EngineConfig(max_new_tokens=2, budget=8, sampling=sampling,
+        eng = make_engine(target, policy(i), EngineConfig(max_new_tokens=2, budget=8, sampling=sampling,
                                                      stop_at_eos=False), ())
         gen = eng.run(prompt, generator=torch.Generator().manual_seed(i))
         events.append(gen.events[0])
@@ -535,7 +537,9 @@ def test_sampled_chain_draws_from_the_q_it_reports(target, trained_head, tempera
     """The first token of a sampled chain follows the q the drafter hands to verification (chi-square), and is
     rejected as a sharper law (negative control): verification is only lossless if the two agree."""
     from collections import Counter
+
     from helpers import chisq_pvalue
+
     from switchsd.core.config import SamplingConfig
     d = _head_ready(target, trained_head, random_prompt(301, 7), TreeConfig())
     d.chain, d.gamma = True, 1
@@ -613,7 +617,7 @@ def test_confidence_gate_greedy_equals_vanilla(target, trained_head, method):
         policy = build_policy(method, (), CopyConfig(kappa=3), drafter, tau=0.5, cost=cost,
                               gate=GateConfig(confidence=True))
         assert isinstance(policy, CostAware) and policy.confidence
-        eng = Engine(target, policy, EngineConfig(max_new_tokens=30, budget=8, stop_at_eos=False), ())
+        eng = make_engine(target, policy, EngineConfig(max_new_tokens=30, budget=8, stop_at_eos=False), ())
         out = []
         for e in eng.generate(ids):
             out += e.new_tokens

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from switchsd.models.loading import LoadedModel
 from switchsd.training.data import from_completions, load_samples
-from switchsd.target.models import LoadedModel
 
 
 def test_from_completions_matches_single_forwards(tmp_path, tiny_model):

@@ -81,6 +81,7 @@ def test_card_names_its_data_and_its_command_reproduces_the_arguments(tmp_path):
     """The exported head's card says what it was trained on (ShareGPT or the templated prompts), and its
     'Reproduce' command parses back to the same training arguments."""
     import shlex
+
     from switchsd.training.card import write_card
     from switchsd.training.eagle3 import parser
     argv = ["--sharegpt", "~/.cache/switchsd/eagle3/sharegpt", "--answers", "692", "--tf-answers", "2990",
@@ -96,7 +97,7 @@ def test_card_names_its_data_and_its_command_reproduces_the_arguments(tmp_path):
     assert "ShareGPT" in card and "692 prompts" in card and "2990 of ShareGPT's own answers" in card
     assert "templates" not in card and "0.330, 0.280" in card
     cmd = card.split("Reproduce: `")[1].split("`")[0]
-    again = parser().parse_args(shlex.split(cmd)[3:])
+    again = parser().parse_args(shlex.split(cmd)[4:])      # after "python -m switchsd train-eagle3"
     for k in ("sharegpt", "answers", "tf_answers", "steps", "lr", "draft_vocab", "init", "revocab", "out", "ttt"):
         assert getattr(again, k) == getattr(args, k), k
     meta = {**meta, "source": "folder", "answers": 1152, "tf_answers": 0}
@@ -122,7 +123,7 @@ def test_data_stage_with_nothing_to_write_loads_no_model(tmp_path, monkeypatch, 
     monkeypatch.setattr(eagle3, "load_model", fake_load)
     eagle3.main(["--work", str(tmp_path), "--stage", "data", "--sharegpt", str(tmp_path)])
     eagle3.main(["--work", str(tmp_path), "--stage", "data", "--prompts", "0"])
-    assert loads == [] and "regen_sharegpt" in capsys.readouterr().out
+    assert loads == [] and "regen-sharegpt" in capsys.readouterr().out
     with pytest.raises(RuntimeError, match="stop here"):
         eagle3.main(["--work", str(tmp_path), "--stage", "data", "--prompts", "8", "--gen-dtype", "bfloat16"])
     assert loads == ["bfloat16"]

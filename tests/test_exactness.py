@@ -7,15 +7,25 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import (
+    EOS,
+    STANDALONE_METHODS,
+    check_event_stream,
+    greedy_reference,
+    looping_prompt,
+    make_tiny_model,
+    method_engine,
+    random_prompt,
+    repetitive_prompt,
+    run_method,
+)
 
-from helpers import (EOS, STANDALONE_METHODS, check_event_stream, greedy_reference, looping_prompt, make_engine,
-                     make_tiny_model, random_prompt, repetitive_prompt, run_method)
-from switchsd.target.capture import HiddenCapture
 from switchsd.core.config import CopyConfig, EngineConfig, NeuralConfig
-from switchsd.core.engine import Engine
-from switchsd.core.methods import build_policy
+from switchsd.factory import make_engine
+from switchsd.methods import build_policy
+from switchsd.models.capture import HiddenCapture
 
-# every method of switchsd.core.methods.METHODS that runs without a neural drafter (EAGLE3 / SPS need one)
+# every method of switchsd.methods.METHODS that runs without a neural drafter (EAGLE3 / SPS need one)
 METHODS = STANDALONE_METHODS
 COPY_METHODS = [m for m in METHODS if m not in ("vanilla", "lookahead")]   # lookahead: its pool starts empty
 MAX_NEW = (1, 2, 7, 40)
@@ -116,7 +126,7 @@ def test_stop_at_eos_false_ignores_eos(tiny_model):
     prompt, i, out = _eos_inside_accepted_draft(tiny_model)
     for m in METHODS:
         cfg = EngineConfig(max_new_tokens=30, stop_at_eos=False)
-        gen = Engine(tiny_model, build_policy(m), cfg, eos_ids=(out[i],)).run(prompt)
+        gen = make_engine(tiny_model, build_policy(m), cfg, eos_ids=(out[i],)).run(prompt)
         assert gen.token_ids == out, m
         assert gen.events[-1].finished == "max_new_tokens"
 
@@ -176,14 +186,14 @@ def test_max_new_tokens_before_context_limit(short_model):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_prompt_too_long_or_empty(short_model, method):
-    eng = make_engine(short_model, method)
+    eng = method_engine(short_model, method)
     for n in (64, 65, 100):
         with pytest.raises(ValueError):
             eng.run(random_prompt(9, n))
     with pytest.raises(ValueError):
         eng.run([])
     with pytest.raises(ValueError):
-        make_engine(short_model, method, max_length=10).run(random_prompt(9, 10))
+        method_engine(short_model, method, max_length=10).run(random_prompt(9, 10))
 
 
 @pytest.mark.parametrize("method", COPY_METHODS)
@@ -212,7 +222,7 @@ def test_captured_hidden_is_last_committed_position(tiny_model, kappa):
     branching tries, so the row is often not the last row of the forward."""
     sites = ((0, "attn"), (1, "mlp"))
     prompt = looping_prompt(tiny_model, 3)
-    eng = Engine(tiny_model, build_policy("copy", copy_cfg=CopyConfig(kappa=kappa)),
+    eng = make_engine(tiny_model, build_policy("copy", copy_cfg=CopyConfig(kappa=kappa)),
                  EngineConfig(max_new_tokens=30, capture=sites), eos_ids=[EOS])
     try:
         gen = eng.run(prompt)
@@ -252,7 +262,7 @@ def test_real_model_methods_equal_hf_generate(real_lm, text):
     outs = {}
     for m in METHODS:
         cfg = EngineConfig(max_new_tokens=NEW_TOKENS[text], budget=32)
-        outs[m] = Engine(real_lm.model, build_policy(m, eos_ids=eos), cfg, eos_ids=eos).run(ids)
+        outs[m] = make_engine(real_lm.model, build_policy(m, eos_ids=eos), cfg, eos_ids=eos).run(ids)
     assert outs["vanilla"].token_ids == hf
     for m in COPY_METHODS:
         assert outs[m].token_ids == outs["vanilla"].token_ids, m
@@ -275,14 +285,15 @@ def test_tiny_model_exact_on_cuda():
 def test_sps_with_tiny_draft_model_is_exact(tiny_model, same_weights):
     """The 'sps' method with a tiny draft LM: a draft identical to the target (every draft accepted) and an
     unrelated one (mostly rejected). EAGLE3 needs a trained head and is not covered here."""
-    from switchsd.drafters import draft_model as dm
     import copy as _copy
+
+    from switchsd.drafters import draft_model as dm
     draft_lm = _copy.deepcopy(tiny_model) if same_weights else make_tiny_model(seed=1)
     accepted = 0
     for prompt in (looping_prompt(tiny_model, 0), random_prompt(104, 9), random_prompt(105, 1)):
         ref = greedy_reference(tiny_model, prompt, 24)
         drafter = dm.DraftModelDrafter(draft_lm, target_vocab=tiny_model.config.vocab_size, gamma=4)
-        eng = Engine(tiny_model, build_policy("sps", eos_ids=[EOS], neural=drafter),
+        eng = make_engine(tiny_model, build_policy("sps", eos_ids=[EOS], neural=drafter),
                      EngineConfig(max_new_tokens=24, budget=8), eos_ids=[EOS])
         gen = eng.run(prompt)
         assert gen.token_ids == ref
@@ -305,11 +316,11 @@ def test_real_model_eagle3_shipped_head_equals_vanilla(real_lm):
     eos = real_lm.eos_ids()
     ids = real_lm.encode("Write a short poem about the ocean.", chat=True)
     cfg = EngineConfig(max_new_tokens=48, budget=24)
-    want = Engine(real_lm.model, build_policy("vanilla", eos), cfg, eos).run(ids).token_ids
+    want = make_engine(real_lm.model, build_policy("vanilla", eos), cfg, eos).run(ids).token_ids
     for chain in (False, True):
         d = Eagle3Drafter(head, real_lm.model, TreeConfig(), chain=chain, gamma=4)
         pol = build_policy("eagle3", eos, neural=d, neural_cfg=NeuralConfig(shape="chain" if chain else "tree"))
-        res = Engine(real_lm.model, pol, cfg, eos).run(ids)
+        res = make_engine(real_lm.model, pol, cfg, eos).run(ids)
         assert res.token_ids == want, f"chain={chain}"
         assert res.stats["tok_per_fwd"] > 1.2, "a trained head accepts some drafts"
 
@@ -322,8 +333,7 @@ def test_real_model_switchsd_and_bandit_with_shipped_probe_and_head(real_lm, tex
     float32, padded verify forwards included."""
     import argparse
 
-    from switchsd.cli.common import (Neural, add_decode_args, add_neural_args, build_engine, copy_config,
-                                     engine_config)
+    from switchsd.cli.common import Neural, add_decode_args, add_neural_args, build_engine, copy_config, engine_config
     from switchsd.factory import DEFAULT_HEADS, DEFAULT_PROBES
     if not (DEFAULT_PROBES[real_lm.name].exists() and DEFAULT_HEADS[real_lm.name].exists()):
         pytest.skip("needs the shipped probe and EAGLE3 head")

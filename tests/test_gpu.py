@@ -2,15 +2,15 @@
 needs, equals greedy decoding; EAGLE-3 also under `device_map`."""
 import pytest
 import torch
-
 from helpers import make_tiny_model
+
 from switchsd.core.config import CopyConfig, EngineConfig
-from switchsd.core.engine import Engine
-from switchsd.core.methods import METHODS, NEEDS_PROBE, build_policy
 from switchsd.core.probe import Probe
 from switchsd.drafters.draft_model import DraftModelDrafter
 from switchsd.drafters.eagle3 import Eagle3Drafter
 from switchsd.drafters.eagle3_model import load_eagle3
+from switchsd.factory import make_engine
+from switchsd.methods import METHODS, NEEDS_PROBE, build_policy
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 H, V = 32, 64
@@ -58,7 +58,7 @@ def test_tiny_float64_cuda_matches_reference(method, tmp_path):
              if method in NEEDS_PROBE else None)
     policy = build_policy(method, (), CopyConfig(kappa=3), neural, tau=0.5 if probe else None)
     cfg = EngineConfig(max_new_tokens=30, budget=16, stop_at_eos=False)
-    got = Engine(model, policy, cfg, (), probe=probe).run(ids).token_ids
+    got = make_engine(model, policy, cfg, (), probe=probe).run(ids).token_ids
     assert got == want
 
 
@@ -68,7 +68,7 @@ def test_real_model_cuda_float32_all_methods_equal_vanilla(device_map):
     """Built as the CLIs build them (shipped probe and EAGLE-3 head); with device_map the fused features may
     come from different GPUs."""
     from switchsd.factory import DEFAULT_HEADS, DEFAULT_PROBES, Drafters, build_engine
-    from switchsd.target.models import load_model
+    from switchsd.models.loading import load_model
     lm = load_model(dtype="float32", device="cuda", device_map=device_map)
     if not (DEFAULT_PROBES[lm.name].exists() and DEFAULT_HEADS[lm.name].exists()):
         pytest.skip("needs the shipped probe and EAGLE3 head")

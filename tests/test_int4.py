@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import STANDALONE_METHODS, make_tiny_model, method_engine, random_prompt, repetitive_prompt
 
-from helpers import STANDALONE_METHODS, make_engine, make_tiny_model, random_prompt, repetitive_prompt
-from switchsd.target import int4
-from switchsd.target.int4 import GROUP, Int4Linear, q4_groups, quantize_to_int4
+from switchsd.models import int4
+from switchsd.models.int4 import GROUP, Int4Linear, q4_groups, quantize_to_int4
 
 pytestmark = pytest.mark.skipif(not int4.available(), reason="no CPU int4 kernel in this torch build")
 
@@ -52,7 +52,7 @@ def test_gguf_blocks_into_the_kernel_are_the_gguf_weights_bit_for_bit(kind):
 
 
 def test_wide_bfloat16_products_run_in_float32_where_bf16_is_emulated(monkeypatch):
-    from switchsd.target import dense
+    from switchsd.models import dense
     raw, w = _blocks("Q4_1", 48, 128)
     x = torch.randn(40, 128).bfloat16()                                      # > 32 rows: a prefill's width
     for native in (True, False):
@@ -69,7 +69,8 @@ def test_wide_bfloat16_products_run_in_float32_where_bf16_is_emulated(monkeypatc
 
 def test_q8_blocks_as_two_int4_halves_are_the_gguf_weights():
     from gguf import GGMLQuantizationType, dequantize
-    from switchsd.target.int4 import Int8Head, q8_halves
+
+    from switchsd.models.int4 import Int8Head, q8_halves
     r = np.random.default_rng(3)
     d = r.uniform(1e-3, 0.05, (48, 4, 1)).astype(np.float16)
     q = r.integers(-128, 128, (48, 4, 32)).astype(np.int8)
@@ -105,15 +106,15 @@ def _tiny_int4():
 def test_tiny_int4_model_every_method_equals_its_own_vanilla(method):
     model = _tiny_int4()
     for seed, prompt in enumerate([random_prompt(3, 12), repetitive_prompt(4)]):
-        ref = make_engine(model, "vanilla", max_new_tokens=24).run(prompt).token_ids
-        got = make_engine(model, method, max_new_tokens=24).run(prompt).token_ids
+        ref = method_engine(model, "vanilla", max_new_tokens=24).run(prompt).token_ids
+        got = method_engine(model, method, max_new_tokens=24).run(prompt).token_ids
         assert got == ref, f"{method} parts from vanilla on prompt {seed}"
 
 
 def test_int4_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
         quantize_to_int4(make_tiny_model())                                   # float64
-    from switchsd.target.models import ModelLoadError, load_model
+    from switchsd.models.loading import ModelLoadError, load_model
     with pytest.raises(ModelLoadError, match="GGUF"):
         load_model("some/hub-model", "int4", "cpu")
 
@@ -125,7 +126,7 @@ def test_real_model_int4_is_the_gguf_and_decodes_like_its_own_vanilla(real_lm):
     outputs equal int4 vanilla's."""
     from switchsd.core.config import EngineConfig
     from switchsd.factory import Drafters, build_engine
-    from switchsd.target.models import load_model
+    from switchsd.models.loading import load_model
     lm = load_model(dtype="int4-float32", device="cpu")
     assert lm.precision == "int4-float32"
     dense = dict(real_lm.model.named_modules())
@@ -149,7 +150,7 @@ def test_real_model_int4_chain_methods_equal_int4_vanilla():
     tokens exactly, their chains verified row by row as vanilla's steps compute them (tests/test_lean.py)."""
     from switchsd.core.config import EngineConfig
     from switchsd.factory import Drafters, build_engine
-    from switchsd.target.models import load_model
+    from switchsd.models.loading import load_model
     lm = load_model(dtype="int4", device="cpu")
     cfg = EngineConfig(max_new_tokens=48)
     drafters = Drafters(lm)
@@ -175,8 +176,8 @@ def test_int4_attends_in_float32_where_bfloat16_is_emulated(monkeypatch):
     """Without native bfloat16 the int4 format keeps keys/values and attends in float32 (SDPA's emulated
     bfloat16 kernel is ~4x slower); decode steps and verify rows share that arithmetic, so every method still
     gives the model's own vanilla tokens. Dense formats keep their dtype (transformers' arithmetic)."""
-    from switchsd.target import dense
-    from switchsd.target.lean import LeanLlama
+    from switchsd.models import dense
+    from switchsd.models.lean import LeanLlama
     monkeypatch.setattr(dense, "cpu_has_native_bf16", lambda: True)
     assert dense.attention_dtype(torch.bfloat16, "cpu") == torch.bfloat16
     monkeypatch.setattr(dense, "cpu_has_native_bf16", lambda: False)
@@ -189,18 +190,18 @@ def test_int4_attends_in_float32_where_bfloat16_is_emulated(monkeypatch):
     lean = LeanLlama.of(model)
     assert lean.att_dtype == torch.float32 and lean.new_cache(8).k.dtype == torch.float32
     prompt = repetitive_prompt(4)
-    ref = make_engine(model, "vanilla", max_new_tokens=24).run(prompt).token_ids
+    ref = method_engine(model, "vanilla", max_new_tokens=24).run(prompt).token_ids
     for method in (m for m in STANDALONE_METHODS if m != "oracle"):
-        assert make_engine(model, method, max_new_tokens=24).run(prompt).token_ids == ref, method
+        assert method_engine(model, method, max_new_tokens=24).run(prompt).token_ids == ref, method
 
 
 def test_batched_engine_runs_the_float32_attention_cache(monkeypatch):
     """The batched engine and the serving drafter on the int4 format where bfloat16 is emulated: their caches
     hold float32 keys/values (`LeanLlama.att_dtype`) while the activations are bfloat16; a batched prefill's
     logits match the one-row forward's, and batched vanilla decoding gives each request's own vanilla tokens."""
-    from switchsd.target import dense
-    from switchsd.target.lean import LeanLlama
     from switchsd.core.config import EngineConfig
+    from switchsd.models import dense
+    from switchsd.models.lean import LeanLlama
     from switchsd.serve.batched import BatchedKV, batched_forward
     from switchsd.serve.drafting import BatchDrafter
     from switchsd.serve.engine import BatchedEngine, tokens_of
@@ -218,8 +219,8 @@ def test_batched_engine_runs_the_float32_attention_cache(monkeypatch):
     assert torch.allclose(got.float(), want.float(), atol=1e-2, rtol=1e-2)
     cfg = EngineConfig(max_new_tokens=12)
     ps = {0: prompt, 1: repetitive_prompt(4), 2: random_prompt(5, 7)}
-    single = {i: make_engine(model, "vanilla", max_new_tokens=12).run(p).token_ids for i, p in ps.items()}
-    be = BatchedEngine(model, lambda: make_engine(model, "vanilla", max_new_tokens=12).decoder, cfg, max_batch=2)
+    single = {i: method_engine(model, "vanilla", max_new_tokens=12).run(p).token_ids for i, p in ps.items()}
+    be = BatchedEngine(model, lambda: method_engine(model, "vanilla", max_new_tokens=12).decoder, cfg, max_batch=2)
     out = {i: tokens_of(e) for i, e in be.run_all(ps).items()}
     assert all(len(out[i]) == len(single[i]) for i in ps)
     agree = sum(a == b for i in ps for a, b in zip(out[i], single[i])) / sum(map(len, single.values()))

@@ -4,8 +4,15 @@ import json
 import pytest
 import torch
 
-from switchsd.io import (cut_at_eos, left_padded, length_batches, read_jsonl, right_padded, save_safetensors_atomic,
-                         write_text_atomic)
+from switchsd.io import (
+    cut_at_eos,
+    left_padded,
+    length_batches,
+    read_jsonl,
+    right_padded,
+    save_safetensors_atomic,
+    write_text_atomic,
+)
 
 
 def test_read_jsonl_skips_blanks_and_names_the_bad_line(tmp_path):
@@ -13,7 +20,7 @@ def test_read_jsonl_skips_blanks_and_names_the_bad_line(tmp_path):
     p.write_text('{"a": 1}\n\n{"a": 2}\n')
     assert read_jsonl(p) == [{"a": 1}, {"a": 2}]
     p.write_text('{"a": 1}\n{"a": \n')
-    with pytest.raises(ValueError, match=r"x.jsonl:2: not valid JSON"):
+    with pytest.raises(ValueError, match=r"x.jsonl: row 2 is not valid JSON"):
         read_jsonl(p)
 
 

@@ -6,14 +6,12 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LIBRARY = ["switchsd/core", "switchsd/drafters", "switchsd/target", "switchsd/factory.py", "switchsd/io.py", "app",
+LIBRARY = ["switchsd/core", "switchsd/drafters", "switchsd/models", "switchsd/factory.py", "switchsd/io.py", "app",
            "switchsd/serve/batched.py", "switchsd/serve/engine.py", "switchsd/serve/drafting.py",
            "switchsd/serve/load.py"]
 # command-line modules: argument parsing and `main()`; the library never reaches up into them
-CLI = ("switchsd.cli", "switchsd.bench", "switchsd.generate", "switchsd.calibrate", "switchsd.analysis",
-       "switchsd.tempsweep", "switchsd.train_eagle3", "switchsd.eval.bench", "switchsd.eval.analysis",
-       "switchsd.eval.tempsweep", "switchsd.training.eagle3", "switchsd.quality", "switchsd.eval.quality",
-       "switchsd.serve_bench", "switchsd.serve.bench")
+CLI = ("switchsd.cli", "switchsd.__main__", "switchsd.eval.bench", "switchsd.eval.analysis", "switchsd.eval.tempsweep",
+       "switchsd.training.eagle3", "switchsd.training.regen_job", "switchsd.eval.quality", "switchsd.serve.bench")
 
 
 def _modules(spec: str) -> list[Path]:
@@ -40,6 +38,35 @@ def test_library_and_app_import_no_command_line_module():
     bad = [(str(p.relative_to(ROOT)), m) for spec in LIBRARY for p in _modules(spec) for m in _imports(p)
            if any(m == c or m.startswith(c + ".") for c in CLI)]
     assert not bad, bad
+
+
+def test_core_depends_on_nothing_above_it():
+    """switchsd/core (the algorithm: configs, tree, verification, policies, the engine loop, the drafter protocol)
+    imports no other part of the package: drafters, models, the factory and the rest build on it."""
+    bad = [(str(p.relative_to(ROOT)), m) for p in _modules("switchsd/core") for m in _imports(p)
+           if m.startswith("switchsd.") and not m.startswith("switchsd.core")]
+    assert not bad, bad
+
+
+def test_the_direction_check_bites(tmp_path, monkeypatch):
+    """The check above on a planted upward import (a core module that imports a drafter) reports it."""
+    planted = ROOT / "switchsd" / "core" / "_planted_upward_import.py"
+    planted.write_text("from ..drafters.copy import CopyDrafter\n")
+    try:
+        with __import__("pytest").raises(AssertionError, match="drafters.copy"):
+            test_core_depends_on_nothing_above_it()
+    finally:
+        planted.unlink()
+
+
+def test_one_command_lists_every_subcommand(capsys):
+    from switchsd.cli.main import SUBCOMMANDS, main
+    main(["--help"])
+    out = capsys.readouterr().out
+    assert all(name in out for name in SUBCOMMANDS)
+    assert not [p.name for p in (ROOT / "switchsd").glob("*.py")
+                if p.name not in ("__init__.py", "__main__.py", "factory.py", "io.py", "methods.py")], \
+        "no command shim modules at the package top"
 
 
 def test_the_import_check_sees_relative_imports():

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import STANDALONE_METHODS, method_engine, random_prompt, repetitive_prompt
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from helpers import STANDALONE_METHODS, make_engine, random_prompt, repetitive_prompt
 from switchsd.core.config import EngineConfig
-from switchsd.target.lean import LeanLlama, StaticKVCache, supports
-from switchsd.target.forward import HFTarget, LeanTarget, make_target, resolve_forward
 from switchsd.core.tree import build_tree, tree_mask, tree_positions
+from switchsd.models.forward import HFTarget, LeanTarget, make_target, resolve_forward
+from switchsd.models.lean import LeanLlama, StaticKVCache, supports
 
 SITES = [(0, "attn"), (1, "mlp")]
 
@@ -79,7 +79,7 @@ def test_lean_equals_transformers_tiny(tiny_model):
 def test_lean_equals_transformers_real(real_lm, dtype):
     """Prefills longer than the fast-path width (45 tokens) run the original matrices; verify forwards the
     fused, packed ones; both give transformers' numbers bit for bit."""
-    from switchsd.target.models import load_model
+    from switchsd.models.loading import load_model
     lm = real_lm if dtype == "float32" else load_model(dtype=dtype, device="cpu")
     prompt = lm.encode("Write a Python function that reverses a linked list, then explain it.", chat=True)
     assert len(prompt) > LeanLlama.of(lm.model).exact_rows
@@ -108,8 +108,8 @@ def _skip_unless_rows_consistent(lean: LeanLlama) -> None:
 def test_verify_tree_rows_equal_one_token_steps_bit_for_bit(fmt):
     """A tree-masked verify forward (two branches, pad rows) attends row by row over each row's own keys: every
     real row's logits are those of one-token steps along its branch, bit for bit."""
-    from switchsd.target.int4 import available
-    from switchsd.target.models import load_model
+    from switchsd.models.int4 import available
+    from switchsd.models.loading import load_model
     if fmt == "int4" and not available():
         pytest.skip("no CPU int4 kernel in this torch build")
     lean = LeanTarget(load_model(dtype=fmt, device="cpu").model)
@@ -141,8 +141,8 @@ def test_verify_chain_equals_one_token_steps_bit_for_bit(fmt):
     """A maskless chain (how the engine verifies chains) attends row by row, so each row's logits and hidden
     states are the one-token step's at that position bit for bit, in bfloat16 and int4 too (one masked call over
     every row rounds some rows differently: the reduction over keys depends on their count)."""
-    from switchsd.target.int4 import available
-    from switchsd.target.models import load_model
+    from switchsd.models.int4 import available
+    from switchsd.models.loading import load_model
     if fmt == "int4" and not available():
         pytest.skip("no CPU int4 kernel in this torch build")
     lean = LeanTarget(load_model(dtype=fmt, device="cpu").model, [(4, "attn"), (20, "mlp")])
@@ -185,12 +185,12 @@ def _steps_both_ways(lean_fw: LeanLlama, prompt: torch.Tensor, n: int, sites) ->
 
 @pytest.mark.parametrize("fmt", ["tiny", pytest.param("int4", marks=pytest.mark.real)])
 def test_scripted_step_is_the_python_loop_bit_for_bit(tiny_model, fmt):
-    """One-token steps run their layer loop in TorchScript (switchsd/target/scripted.py): the same ops as the
+    """One-token steps run their layer loop in TorchScript (switchsd/models/scripted.py): the same ops as the
     Python loop, so logits and captured hidden states are equal bit for bit (float64 tiny model; the real model
     in int4; float32 and bfloat16 are covered against transformers above)."""
     if fmt == "int4":
-        from switchsd.target.int4 import available
-        from switchsd.target.models import load_model
+        from switchsd.models.int4 import available
+        from switchsd.models.loading import load_model
         if not available():
             pytest.skip("no CPU int4 kernel in this torch build")
         model = load_model(dtype="int4", device="cpu").model
@@ -211,7 +211,7 @@ def test_every_method_same_tokens_on_both_forwards(tiny_model, method):
     prompt = repetitive_prompt(5)
     outs = []
     for forward in ("hf", "lean"):
-        eng = make_engine(tiny_model, method, max_new_tokens=24)
+        eng = method_engine(tiny_model, method, max_new_tokens=24)
         eng.target = make_target(tiny_model, eng.sites, forward)
         assert eng.target.kind == forward
         outs.append(eng.run(prompt).token_ids)
@@ -245,5 +245,5 @@ def test_unsupported_models_fall_back_with_a_reason():
 
 
 def test_engine_uses_the_lean_forward_by_default(tiny_model):
-    eng = make_engine(tiny_model, "vanilla")
+    eng = method_engine(tiny_model, "vanilla")
     assert eng.target.kind == "lean"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import fresh_cache, greedy_reference, looping_prompt, random_prompt
+
 from switchsd.core.config import EngineConfig, LookupConfig
-from switchsd.core.engine import Engine
-from switchsd.core.methods import build_policy
+from switchsd.core.drafting import DraftRequest
 from switchsd.core.tree import build_tree, tree_mask, tree_positions, with_extra
-from switchsd.drafters.base import DraftRequest
 from switchsd.drafters.lookahead import LookaheadDrafter
+from switchsd.factory import make_engine
+from switchsd.methods import build_policy
 
 
 def test_window_rows_and_guesses_equal_sequential_forwards(tiny_model):
@@ -67,7 +67,7 @@ def test_lookahead_greedy_equals_vanilla_and_accepts(tiny_model):
     accepted = 0
     for seed in range(6):
         ids = looping_prompt(tiny_model, seed) if seed % 2 else random_prompt(seed, 12)
-        eng = Engine(tiny_model, build_policy("lookahead", (1,)), EngineConfig(max_new_tokens=60, budget=32), (1,))
+        eng = make_engine(tiny_model, build_policy("lookahead", (1,)), EngineConfig(max_new_tokens=60, budget=32), (1,))
         res = eng.run(ids)
         assert res.token_ids == greedy_reference(tiny_model, ids, 60)
         accepted += sum(len(e.accepted) for e in res.events)

@@ -3,16 +3,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import VOCAB, greedy_reference, random_prompt, repetitive_prompt
 
-from helpers import VOCAB, greedy_reference, make_tiny_model, random_prompt, repetitive_prompt
 from switchsd.core.config import CopyConfig, EngineConfig
-from switchsd.drafters.copy import CopyDrafter
-from switchsd.drafters.draft_model import DraftModelDrafter
-from switchsd.core.engine import Engine
 from switchsd.core.events import StepEvent
-from switchsd.core.methods import build_policy
 from switchsd.core.policies import BanditSpec, PolicyState, SwitchSD
 from switchsd.core.probe import Probe
+from switchsd.drafters.copy import CopyDrafter
+from switchsd.drafters.draft_model import DraftModelDrafter
+from switchsd.factory import make_engine
+from switchsd.methods import build_policy
 
 
 class Dummy:
@@ -83,7 +83,7 @@ def test_switchsd_and_bandit_greedy_equal_vanilla(tiny_model, method):
         for tau in (0.0, 0.5):
             drafter = DraftModelDrafter(draft_model, VOCAB, gamma=3)
             pol = build_policy(method, (), CopyConfig(kappa=3), drafter, tau=tau)
-            eng = Engine(tiny_model, pol, EngineConfig(max_new_tokens=24, budget=12, stop_at_eos=False), (),
+            eng = make_engine(tiny_model, pol, EngineConfig(max_new_tokens=24, budget=12, stop_at_eos=False), (),
                          probe=probe if method == "switchsd" else None)
             res = eng.run(ids)
             assert res.token_ids == greedy_reference(tiny_model, ids, 24, eos=None)
@@ -103,12 +103,12 @@ def test_switchsd_and_bandit_greedy_equal_vanilla(tiny_model, method):
 
 
 def test_oracle_accepts_everything(tiny_model):
-    from switchsd.drafters.oracle import OracleDrafter
     from switchsd.core.policies import Fixed
+    from switchsd.drafters.oracle import OracleDrafter
     ids = random_prompt(4, 10)
     cfg = EngineConfig(max_new_tokens=30, budget=8, stop_at_eos=False)
     want = greedy_reference(tiny_model, ids, 30, eos=None)
-    res = Engine(tiny_model, Fixed([OracleDrafter(ids + want)]), cfg, ()).run(ids)
+    res = make_engine(tiny_model, Fixed([OracleDrafter(ids + want)]), cfg, ()).run(ids)
     assert res.token_ids == want
     for e in res.events:
         assert len(e.accepted) == len(e.tree_tokens) - 1, "the oracle's drafts are all accepted at T=0"

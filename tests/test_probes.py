@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import make_tiny_model
+
 from probes.copydiversity import TIER_SHARE, build
 from probes.fit import fit_probe
 from probes.labels import ALIGN, aligned_pairs, copy_labels
@@ -172,6 +172,7 @@ def test_malformed_probe_metadata_is_a_probe_error(tmp_path, meta, msg):
 
 def test_probe_size_and_header_are_checked_before_any_weight_is_read(tmp_path, monkeypatch):
     from safetensors.torch import save_file
+
     from switchsd.core import probe as probe_mod
     big = tmp_path / "big.safetensors"
     big.write_bytes(b"\0" * (probe_mod.MAX_PROBE_BYTES + 1))
@@ -192,11 +193,11 @@ def test_engine_scores_captured_hidden_state(tiny_model):
     """The engine's probe score equals the probe applied to the hidden state of the last processed position,
     taken from a plain forward (no extra forward in the engine)."""
     from switchsd.core.config import EngineConfig
-    from switchsd.core.engine import Engine
-    from switchsd.core.methods import build_policy
-    from switchsd.target.capture import HiddenCapture
+    from switchsd.factory import make_engine
+    from switchsd.methods import build_policy
+    from switchsd.models.capture import HiddenCapture
     probe = make_probe(tiny_model, layer=1, sub="attn")
-    eng = Engine(tiny_model, build_policy("copy"), EngineConfig(max_new_tokens=12, budget=8, stop_at_eos=False),
+    eng = make_engine(tiny_model, build_policy("copy"), EngineConfig(max_new_tokens=12, budget=8, stop_at_eos=False),
                  (), probe=probe)
     prompt = [5, 9, 11, 3, 7, 5, 9, 11, 3, 7, 5, 9]
     events = list(eng.generate(prompt))
@@ -226,14 +227,14 @@ def _shipped_probe_auc(lm, name: str, tmp_path) -> tuple[float, float]:
     """(ROC AUC, copy rate) of the shipped probe on greedy completions of set `name` written by the target.
 
     The completions (token ids) are stored in tests/data/probe_completions.jsonl.gz by
-    `python scripts/probe_test_completions.py`: writing them here was most of these tests' time (about half the
+    `python scripts/dev/probe_test_completions.py`: writing them here was most of these tests' time (about half the
     suite's on an AVX2-only CPU). They are checked, not trusted: each prompt must encode to the stored prompt ids,
     and the scoring forwards must find >= 99% of completion tokens to be the target's argmax after their prefix
     (a batched product can break a rare near-tie otherwise); a missing row is generated afresh."""
     from probes.evaluate import score_sequences
     from probes.features import complete
     from switchsd.factory import DEFAULT_PROBES
-    from switchsd.target.models import DEFAULT_MODEL
+    from switchsd.models.loading import DEFAULT_MODEL
     path = DEFAULT_PROBES[DEFAULT_MODEL]
     if not path.exists():
         pytest.skip("no shipped probe")

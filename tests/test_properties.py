@@ -8,17 +8,15 @@ change), a wrong rollback (stale or missing KV rows) or a wrong acceptance walk.
 """
 from __future__ import annotations
 
-
 import pytest
+from helpers import EOS, VOCAB, assert_cache_matches, greedy_reference, looping_prompt, random_prompt, repetitive_prompt
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import (EOS, VOCAB, assert_cache_matches, greedy_reference, looping_prompt, random_prompt,
-                     repetitive_prompt)
 from switchsd.core.config import EngineConfig
-from switchsd.drafters.base import Draft, DraftRequest
-from switchsd.core.engine import Engine
+from switchsd.core.drafting import Draft, DraftRequest
 from switchsd.core.policies import Fixed
+from switchsd.factory import make_engine
 
 MAX_NEW = 16
 
@@ -108,7 +106,7 @@ def test_any_candidates_keep_greedy_output_and_exact_cache(tiny_model, pool):
         budget = data.draw(st.integers(1, 16), label="budget")
         n = data.draw(st.integers(1, MAX_NEW), label="max_new_tokens")
         drafter = ScriptedDrafter(lambda req: draw_candidates(data, ref[len(req.tokens) - len(prompt):]))
-        eng = Engine(tiny_model, Fixed([drafter]), EngineConfig(max_new_tokens=n, budget=budget), eos_ids=[eos])
+        eng = make_engine(tiny_model, Fixed([drafter]), EngineConfig(max_new_tokens=n, budget=budget), eos_ids=[eos])
         made = recording(eng)
         out: list[int] = []
         for ev in eng.generate(prompt):
@@ -143,7 +141,7 @@ def _run_scripted(model, prompt, eos, n, budget, script):
     """Run the engine with a drafter that returns script[step] (or nothing); check output-independent
     invariants and the cache after every step. Returns the events."""
     drafter = ScriptedDrafter(lambda req: script.pop(0) if script else [])
-    eng = Engine(model, Fixed([drafter]), EngineConfig(max_new_tokens=n, budget=budget), eos_ids=[eos])
+    eng = make_engine(model, Fixed([drafter]), EngineConfig(max_new_tokens=n, budget=budget), eos_ids=[eos])
     made = recording(eng)
     events, out = [], []
     for ev in eng.generate(prompt):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import EOS, greedy_reference, random_prompt
-from switchsd.target.models import LoadedModel
+
+from switchsd.models.loading import LoadedModel
 from switchsd.training.regen import Regenerator
 
 
@@ -36,9 +36,9 @@ def test_regenerator_answers_are_greedy_and_features_are_the_targets(tiny_model,
 
 def test_shards_round_trip_and_resume_keys(tmp_path):
     """A finished shard is listed in answers.jsonl and read back whole; a key whose shard is gone is not done."""
-    from switchsd.training.sources import clip_context
     from switchsd.training.regen_job import done_keys, flush, load_split
     from switchsd.training.sharegpt import list_order
+    from switchsd.training.sources import clip_context
     g = torch.Generator().manual_seed(0)
 
     def sample(n, start):
@@ -80,7 +80,7 @@ class _ChatTok(_Tok):
 
 
 def test_job_counts_answers_on_disk_resumes_and_imports(tmp_path, tiny_model, monkeypatch):
-    """`python -m switchsd.regen_sharegpt` end to end on a tiny model: progress counts exactly the answers in
+    """`python -m switchsd regen-sharegpt` end to end on a tiny model: progress counts exactly the answers in
     shards (tokens too), a second run answers nothing again, exported answers imported into a fresh state give the
     same shards' token ids, counted as imported (not as generation throughput), and a job reading the prompts as
     exported token ids (`--export-prompt-ids` / `--prompt-ids`, the accelerator's input) writes the same answers."""

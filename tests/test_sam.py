@@ -5,13 +5,13 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from helpers import greedy_reference, random_prompt, repetitive_prompt
+
 from switchsd.core.config import EngineConfig, LookupConfig
-from switchsd.core.engine import Engine
-from switchsd.core.methods import build_policy
-from switchsd.drafters.base import DraftRequest
+from switchsd.core.drafting import DraftRequest
 from switchsd.drafters.sam import SAMDrafter, SuffixAutomaton
+from switchsd.factory import make_engine
+from switchsd.methods import build_policy
 
 
 def brute(text: list[int]) -> tuple[int, int]:
@@ -67,7 +67,7 @@ def test_draft_is_the_continuation_of_the_earliest_occurrence():
 
 def engine(model, neural=None, max_new=40):
     policy = build_policy("samd", (1,), lookup=LookupConfig(samd_n_predicts=12), neural=neural)
-    return Engine(model, policy, EngineConfig(max_new_tokens=max_new, budget=16), (1,))
+    return make_engine(model, policy, EngineConfig(max_new_tokens=max_new, budget=16), (1,))
 
 
 def test_samd_alone_greedy_equals_vanilla_and_copies(tiny_model):

@@ -12,8 +12,8 @@ from typing import Callable
 
 import pytest
 import torch
+from helpers import chisq_pvalue, looping_prompt, method_engine
 
-from helpers import chisq_pvalue, looping_prompt, make_engine
 from switchsd.core.config import CopyConfig, SamplingConfig
 from switchsd.core.tree import TokenTree, build_tree
 from switchsd.core.verify import accept_sampling, target_probs
@@ -270,7 +270,7 @@ def test_engine_sampling_matches_vanilla_distribution(tiny_model, peaked_model, 
     tokens have p ~0.37 and ~0.35 (a branching trie), PLD one chain. Over many seeds the first two generated
     tokens must follow the model's exact p(x1) p(x2 | x1)."""
     prompt = looping_prompt(tiny_model, 3)  # greedy of peaked_model == greedy of tiny_model (logits x30)
-    eng = make_engine(peaked_model, method, max_new_tokens=3, eos=(), copy=CopyConfig(kappa=kappa),
+    eng = method_engine(peaked_model, method, max_new_tokens=3, eos=(), copy=CopyConfig(kappa=kappa),
                       sampling=SamplingConfig(temperature=1.0))
     first, pairs, accepted = Counter(), Counter(), 0
     for i in range(runs):
@@ -302,6 +302,7 @@ def _filtered_dists(model, prompt, sampling: SamplingConfig):
 def _neural(kind: str, target):
     """A neural drafter that agrees with the target often: SPS with a perturbed copy of it, or EAGLE-3."""
     from helpers import perturbed
+
     from switchsd.drafters.draft_model import DraftModelDrafter
     draft = perturbed(target, 0.15)
     return lambda sampling, seed: DraftModelDrafter(draft, target.config.vocab_size, gamma=3, sampling=sampling,
@@ -312,9 +313,10 @@ def _neural_runs(method: str, sampling: SamplingConfig, runs: int, correlated: b
     """The first two tokens of `runs` seeded engine runs (tiny model, logits x4, a looping prompt), and how
     often step 0 accepted a draft. `correlated`: the drafter's generator gets the engine's seed (a misuse)."""
     from helpers import make_tiny_model
+
     from switchsd.core.config import EngineConfig, GateConfig, NeuralConfig
-    from switchsd.core.engine import Engine
-    from switchsd.core.methods import build_policy
+    from switchsd.factory import make_engine
+    from switchsd.methods import build_policy
     model = make_tiny_model(seed=0, logit_scale=4.0)
     prompt = looping_prompt(model, 3)
     make = _neural("sps", model)
@@ -322,7 +324,7 @@ def _neural_runs(method: str, sampling: SamplingConfig, runs: int, correlated: b
     for i in range(runs):
         policy = build_policy(method, (), CopyConfig(kappa=2), make(sampling, i if correlated else i + 1_000_003),
                               tau=0.0, neural_cfg=NeuralConfig(shape="chain", gamma=3), gate=GateConfig(mode="paper"))
-        eng = Engine(model, policy, EngineConfig(max_new_tokens=2, budget=8, sampling=sampling, stop_at_eos=False), ())
+        eng = make_engine(model, policy, EngineConfig(max_new_tokens=2, budget=8, sampling=sampling, stop_at_eos=False), ())
         gen = eng.run(prompt, generator=torch.Generator().manual_seed(i))
         accepted += len(gen.events[0].accepted) > 0
         first[(gen.token_ids[0],)] += 1

@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import EOS, greedy_reference, random_prompt, repetitive_prompt
+
 from switchsd.core.config import CopyConfig, EngineConfig, NeuralConfig, SamplingConfig
+from switchsd.core.drafting import DraftRequest
 from switchsd.core.engine import Engine
-from switchsd.core.methods import build_policy
 from switchsd.core.policies import Fixed
 from switchsd.drafters.eagle3 import Eagle3Drafter, TreeConfig
 from switchsd.drafters.oracle import OracleDrafter
+from switchsd.factory import make_engine
+from switchsd.methods import build_policy
+from switchsd.models.lean import LeanLlama
 from switchsd.serve.batched import BatchedKV, batch_inputs, batched_forward
-from switchsd.drafters.base import DraftRequest
 from switchsd.serve.drafting import BatchDrafter
 from switchsd.serve.engine import BatchedEngine, tokens_of
-from switchsd.target.lean import LeanLlama
 
 
 def prompts(n: int = 7) -> dict[int, list[int]]:
@@ -29,7 +30,7 @@ def prompts(n: int = 7) -> dict[int, list[int]]:
 
 
 def engine_for(model, method: str, cfg: EngineConfig, neural=None, eos=(EOS,)) -> Engine:
-    return Engine(model, build_policy(method, eos, CopyConfig(kappa=2), neural,
+    return make_engine(model, build_policy(method, eos, CopyConfig(kappa=2), neural,
                                       neural_cfg=NeuralConfig(shape="tree")), cfg, eos)
 
 
@@ -59,7 +60,7 @@ def test_batched_oracle_trees_and_early_eos(tiny_model):
     def make():
         i = next(it)
         drafters = [OracleDrafter(ps[i] + refs[i])] if i % 2 == 0 else []
-        return Engine(tiny_model, Fixed(drafters), cfg, (EOS,)).decoder
+        return make_engine(tiny_model, Fixed(drafters), cfg, (EOS,)).decoder
     be = BatchedEngine(tiny_model, make, cfg, max_batch=5)
     evs = be.run_all(ps)
     for i in ps:
@@ -70,11 +71,13 @@ def test_batched_oracle_trees_and_early_eos(tiny_model):
 
 
 def test_batched_eagle3_trees(tiny_model):
-    from test_eagle3 import write_head
     import tempfile
     from pathlib import Path
-    from switchsd.drafters.eagle3_model import load_eagle3
+
+    from test_eagle3 import write_head
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from switchsd.drafters.eagle3_model import load_eagle3
     torch.manual_seed(3)
     target = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=6, num_attention_heads=4,
                                           num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
@@ -216,6 +219,7 @@ def test_serve_bench_end_to_end(tmp_path, capsys):
     (vanilla and sps share their code paths and are covered on the tiny model above); every request identical
     to single-request greedy decoding; the last line is the JSON summary."""
     import json
+
     from switchsd.serve.bench import main
     main(["--modes", "sd,psd", "--requests", "3", "--max-batch", "2", "--max-new-tokens", "8",
           "--dtype", "float32", "--out", str(tmp_path)])

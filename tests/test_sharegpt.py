@@ -6,8 +6,15 @@ import json
 
 import pytest
 
-from switchsd.training.sharegpt import (BenchmarkIndex, Filters, candidate_prompts, english, iter_records,
-                                        normalise, sharegpt_prompts)
+from switchsd.training.sharegpt import (
+    BenchmarkIndex,
+    Filters,
+    candidate_prompts,
+    english,
+    iter_records,
+    normalise,
+    sharegpt_prompts,
+)
 
 MT_Q = ("Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences "
         "and must-see attractions.")

@@ -3,12 +3,12 @@ hidden states a forward over that sample alone gives at the aligned positions, w
 from __future__ import annotations
 
 import torch
+from helpers import make_tiny_model, random_prompt, repetitive_prompt
 from safetensors.torch import load_file
 
-from helpers import make_tiny_model, random_prompt, repetitive_prompt
 from probes.features import all_sites, site_features, site_key
 from probes.labels import aligned_pairs
-from switchsd.target.models import LoadedModel
+from switchsd.models.loading import LoadedModel
 
 
 def test_batched_features_equal_single_sequence_forwards(tmp_path):

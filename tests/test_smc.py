@@ -93,12 +93,14 @@ def test_smc_engine_on_the_real_model(real_lm):
     """The target as its own draft (float32): weights never move, so the batched caches, positions and the
     block alignment are right; a self-draft of the first layers runs and reports ESS and resampling."""
     from switchsd.core.smc import SMCEngine, self_draft
+    from switchsd.drafters.particles import ModelParticles
     ids = real_lm.encode("Count: one two three four", chat=True)
-    eng = SMCEngine(real_lm.model, real_lm.model, SMCConfig(4, 3, 0.7, 0.7), 16, real_lm.eos_ids())
+    eng = SMCEngine(real_lm.model, ModelParticles(real_lm.model, 0.7), SMCConfig(4, 3, 0.7, 0.7), 16, real_lm.eos_ids())
     res = eng.run(ids, torch.Generator().manual_seed(0))
     assert res.stats["resamples"] == 0 and res.stats["mean_ess"] == pytest.approx(4.0, abs=1e-6)
     assert 0 < len(res.token_ids) <= 16 and res.stats["tok_per_fwd"] > 3
-    eng = SMCEngine(real_lm.model, self_draft(real_lm.model, 10), SMCConfig(4, 3, 0.7, 0.7), 12, real_lm.eos_ids())
+    eng = SMCEngine(real_lm.model, ModelParticles(self_draft(real_lm.model, 10), 0.7), SMCConfig(4, 3, 0.7, 0.7), 12,
+                    real_lm.eos_ids())
     res = eng.run(ids, torch.Generator().manual_seed(0))
     assert 0 < len(res.token_ids) <= 12 and res.stats["mean_ess"] <= 4.0
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import VOCAB, chisq_pvalue, greedy_reference, make_tiny_model, perturbed, random_prompt, repetitive_prompt
 
-from helpers import perturbed, VOCAB, chisq_pvalue, greedy_reference, make_tiny_model, random_prompt, repetitive_prompt
 from switchsd.core.config import CopyConfig, EngineConfig, NeuralConfig, SamplingConfig
 from switchsd.drafters.draft_model import DraftModelDrafter
-from switchsd.core.engine import Engine
-from switchsd.core.methods import build_policy
+from switchsd.factory import make_engine
+from switchsd.methods import build_policy
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def sps_engine(target, draft, method="sps", sampling=SamplingConfig(), max_new=3
     d = DraftModelDrafter(draft, VOCAB, gamma=gamma, sampling=sampling,
                           generator=torch.Generator().manual_seed(seed + 1))
     cfg = EngineConfig(max_new_tokens=max_new, budget=16, sampling=sampling, stop_at_eos=False)
-    return Engine(target, build_policy(method, (), CopyConfig(), d, neural_cfg=NeuralConfig(shape="chain")), cfg, ())
+    return make_engine(target, build_policy(method, (), CopyConfig(), d, neural_cfg=NeuralConfig(shape="chain")), cfg, ())
 
 
 @pytest.mark.parametrize("method", ["sps", "copyspec"])

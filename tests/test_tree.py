@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_cache_matches, random_prompt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_cache_matches, random_prompt
 from switchsd.core.config import EngineConfig
-from switchsd.core.engine import Engine
 from switchsd.core.policies import Fixed
 from switchsd.core.tree import TokenTree, build_tree, tree_mask, tree_positions
+from switchsd.factory import make_engine
 
 P = 99  # pending token
 
@@ -125,7 +125,7 @@ def test_tree_mask_and_positions():
 
 # ------------------------------------------------------------------------------- tree forward and cache
 def _engine(model, forward="hf"):
-    return Engine(model, Fixed([]), EngineConfig(max_new_tokens=8, forward=forward))
+    return make_engine(model, Fixed([]), EngineConfig(max_new_tokens=8, forward=forward))
 
 
 @torch.no_grad()

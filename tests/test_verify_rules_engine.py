@@ -6,14 +6,27 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import chisq_pvalue, method_engine, repetitive_prompt
+from test_sampling import (
+    DET_SIBLINGS,
+    DET_TREE,
+    P0,
+    PASS,
+    REJECT,
+    V,
+    committed,
+    draft_q,
+    fixed,
+    iid_siblings,
+    pvalue,
+    sampled_chain,
+)
 
-from helpers import chisq_pvalue, make_engine, repetitive_prompt
 from switchsd.core.config import EngineConfig, SamplingConfig
 from switchsd.core.rules import Rule
 from switchsd.core.tree import build_tree
 from switchsd.core.verify import accept_rule
-from test_sampling import (DET_SIBLINGS, DET_TREE, P0, PASS, REJECT, V, committed, draft_q, fixed, iid_siblings,
-                           pvalue, sampled_chain)
+from switchsd.factory import make_engine
 
 
 def rule_fn(rule: Rule):
@@ -82,9 +95,9 @@ def test_engine_runs_lossy_rules_and_labels_them(tiny_model):
         EngineConfig(verify="nope", sampling=SamplingConfig(0.7))
     ids = repetitive_prompt(0, n=14, reps=3)
     for spec in ("lenience:l=0.5", "minp:p_base=0.3", "easd:tq=0.1,tp=0.1,rho=0"):
-        eng = make_engine(tiny_model, "copy", max_new_tokens=20, sampling=SamplingConfig(0.7))
-        eng = type(eng)(eng.model, eng.policy, EngineConfig(max_new_tokens=20, budget=32, verify=spec,
-                                                            sampling=SamplingConfig(0.7)), eng.eos)
+        eng = method_engine(tiny_model, "copy", max_new_tokens=20, sampling=SamplingConfig(0.7))
+        eng = make_engine(eng.model, eng.policy, EngineConfig(max_new_tokens=20, budget=32, verify=spec,
+                                                              sampling=SamplingConfig(0.7)), eng.eos)
         res = eng.run(ids, torch.Generator().manual_seed(0))
         assert len(res.token_ids) == 20 or res.events[-1].finished == "eos"
         drafted = [e for e in res.events if len(e.tree_tokens) > 1]
@@ -93,9 +106,9 @@ def test_engine_runs_lossy_rules_and_labels_them(tiny_model):
     # the overshoot mass, when asked for: one value per visited node, none for EASD or by default
     cfg = EngineConfig(max_new_tokens=20, budget=32, verify="cos:lam=0.4", sampling=SamplingConfig(0.7),
                        record_overshoot=True)
-    res = type(eng)(eng.model, eng.policy, cfg, eng.eos).run(ids, torch.Generator().manual_seed(0))
+    res = make_engine(eng.model, eng.policy, cfg, eng.eos).run(ids, torch.Generator().manual_seed(0))
     drafted = [e for e in res.events if len(e.tree_tokens) > 1]
     assert all(e.overshoot and all(0 <= o <= 1 for o in e.overshoot) for e in drafted)
     assert any(o > 0 for e in drafted for o in e.overshoot)                       # copy drafts overshoot p
-    eng = make_engine(tiny_model, "copy", max_new_tokens=8, sampling=SamplingConfig(0.7))
+    eng = method_engine(tiny_model, "copy", max_new_tokens=8, sampling=SamplingConfig(0.7))
     assert all(e.rule is None for e in eng.run(ids, torch.Generator().manual_seed(0)).events)   # default

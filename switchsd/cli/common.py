@@ -8,17 +8,26 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..target.calibrate import DEFAULT_RATIO, load_budget
-from ..core.config import (GATE_MODES, NEURAL_SHAPES, CopyConfig, EngineConfig, GateConfig, NeuralConfig,
-                           SamplingConfig, SMCConfig, TreeConfig)
+from ..core.config import (
+    GATE_MODES,
+    NEURAL_SHAPES,
+    CopyConfig,
+    EngineConfig,
+    GateConfig,
+    NeuralConfig,
+    SamplingConfig,
+    SMCConfig,
+    TreeConfig,
+)
 from ..core.engine import Engine
+from ..core.rules import RULES
 from ..factory import Drafters, SetupError
 from ..factory import build_engine as _build_engine
 from ..factory import parse_method as _parse_method
-from ..core.methods import NEURAL_METHODS
-from ..core.rules import RULES
-from ..target.models import LoadedModel, ModelLoadError, load_model
-from ..target.forward import FORWARDS
+from ..methods import NEURAL_METHODS
+from ..models.calibrate import DEFAULT_RATIO, load_budget
+from ..models.forward import FORWARDS
+from ..models.loading import LoadedModel, ModelLoadError, load_model
 
 _C, _N, _T, _G, _E, _S = CopyConfig(), NeuralConfig(), TreeConfig(), GateConfig(), EngineConfig(), SamplingConfig()
 _M = SMCConfig()
@@ -33,7 +42,7 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default=None, help="HF id or local folder (default: offline SmolLM2-135M-Instruct)")
     ap.add_argument("--dtype", default="auto",
                     help="auto (the fastest for decoding here: CUDA bfloat16; CPU what `python -m "
-                         "switchsd.calibrate` measured, else bfloat16 with native bf16, else float32) | float32 "
+                         "switchsd calibrate` measured, else bfloat16 with native bf16, else float32) | float32 "
                          "(token-for-token identical to vanilla) | bfloat16 | int4 (CPU, GGUF models: the file's own "
                          "4-bit groups, bfloat16 activations) | int4-float32 (the same, float32 activations) | "
                          "int4-mixed (int4 for steps of up to 4 rows, wider verify forwards dense)")
@@ -90,6 +99,15 @@ def add_neural_args(ap: argparse.ArgumentParser) -> None:
 
 def fail(msg: str) -> "SystemExit":
     return SystemExit(f"error: {msg}")
+
+
+def load_prompt_file(args, limit: int | None = None, category: str | None = None) -> list[dict]:
+    """`--dataset` / `--data-file`'s prompts, or one `error: ...` line (a malformed file names its row)."""
+    from ..eval.datasets import load_prompts
+    try:
+        return load_prompts(args.dataset, args.data_file, limit, category)
+    except (ValueError, FileNotFoundError) as e:
+        raise fail(str(e)) from None
 
 
 class Neural:

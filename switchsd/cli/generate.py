@@ -1,6 +1,6 @@
 """Generate with one method and print the text (or, with --json, one JSON object).
 
-    python -m switchsd.generate --method copy --chat --prompt "Repeat this JSON: {...}" --json
+    python -m switchsd generate --method copy --chat --prompt "Repeat this JSON: {...}" --json
 """
 from __future__ import annotations
 
@@ -10,11 +10,21 @@ import sys
 
 import torch
 
-from .common import (Neural, add_decode_args, add_model_args, add_neural_args, build_engine, copy_config,
-                         engine_config, load, parse_method, resolve_budget)
 from ..core.events import hidden_to_list
 from ..core.rules import parse_rule
-from ..core.methods import METHODS
+from ..methods import METHODS
+from .common import (
+    Neural,
+    add_decode_args,
+    add_model_args,
+    add_neural_args,
+    build_engine,
+    copy_config,
+    engine_config,
+    load,
+    parse_method,
+    resolve_budget,
+)
 
 
 def main(argv=None) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
 # below MIN_TEMPERATURE, logits / T overflow float32 (use 0: greedy); NaN and inf are refused too
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 100.0
 

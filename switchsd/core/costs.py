@@ -1,6 +1,6 @@
 """What a step costs and what it is expected to yield, on the device the engine runs on.
 
-- `VerifyCost`: the calibrated cost of one target forward over n rows (`python -m switchsd.calibrate`). The
+- `VerifyCost`: the calibrated cost of one target forward over n rows (`python -m switchsd calibrate`). The
   raw curve is not monotone on every device (float32 MKL here: 2-3 rows cost more than 4-8), so the engine pads
   a verify forward with masked rows up to the cheapest size at or above it (`pad_to`), and decisions use the
   curve's monotone envelope (`ms`), which padding makes real.

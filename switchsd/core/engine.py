@@ -22,13 +22,23 @@ import torch
 
 from .config import EngineConfig
 from .costs import VerifyCost
-from ..drafters.base import Draft, DraftRequest, Extra, merge_drafts
+from .drafting import Draft, DraftRequest, Extra, merge_drafts
 from .events import StepEvent, summarize
 from .policies import Policy, PolicyState
-from ..target.forward import make_target
-from .tree import TokenTree, build_tree, tree_mask, tree_positions, with_extra
 from .rules import parse_rule
+from .tree import TokenTree, build_tree, tree_mask, tree_positions, with_extra
 from .verify import accept_greedy, accept_rule, accept_sampling, target_probs
+
+
+class Target(Protocol):
+    """The target's forward as the engine drives it (implemented in switchsd/models/forward.py)."""
+    last: dict                      # site -> [1, m, d] hidden states of the last forward
+
+    def new_cache(self, capacity: int): ...
+    def forward(self, ids: torch.Tensor, cache, position_ids: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, logit_rows: int | None = None) -> torch.Tensor: ...
+    def attach(self) -> None: ...
+    def close(self) -> None: ...
 
 
 class ProbeScorer(Protocol):
@@ -182,8 +192,11 @@ class Decoder:
 
 class Engine:
     def __init__(self, model, policy: Policy, cfg: EngineConfig, eos_ids: Sequence[int] = (),
-                 max_length: int | None = None, probe: ProbeScorer | None = None, cost: VerifyCost | None = None):
-        """`cost`: the device's verification cost curve; verify forwards are padded to its cheapest size."""
+                 max_length: int | None = None, probe: ProbeScorer | None = None, cost: VerifyCost | None = None,
+                 *, make_target: Callable[[object, list, str], "Target"]):
+        """`cost`: the device's verification cost curve; verify forwards are padded to its cheapest size.
+        `make_target(model, sites, cfg.forward)`: the target's forward that records `sites` (given by the caller,
+        switchsd.factory.make_engine: the lean forward or transformers', switchsd/models/forward.py)."""
         self.model, self.policy, self.cfg, self.probe, self.cost = model, policy, cfg, probe, cost
         self.eos = set(int(e) for e in eos_ids) if cfg.stop_at_eos else set()
         self.max_length = max_length or int(getattr(model.config, "max_position_embeddings", 1 << 30))
@@ -255,6 +268,7 @@ class Engine:
                                         lambda keep: cache.keep(prefix, keep))
             if event.step == 0:
                 event.timings["prefill"] = prefill_s
+            event.timings["end"] = time.perf_counter() - t_start     # the step's end on the run's own clock
             yield event
             if event.finished:
                 return

@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 import operator
 import time
-from itertools import accumulate
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Protocol, Sequence
 
 from .costs import Calibration, EmaTimer, Survival, VerifyCost, VerifyScale
-from ..drafters.base import Drafter, DraftRequest
+from .drafting import Drafter, DraftRequest
 
 
 @dataclass
@@ -303,6 +303,25 @@ class CostAware:
         drafters = {"plain": [], "copy": [self.copy], "neural": [self.neural], "lookup": [self.lookup],
                     "copy+neural": [self.copy, self.neural]}[choice]
         return drafters, gate
+
+    def outlook(self) -> dict | None:
+        """Why the neural drafter does or does not pay here, from what the gate has learnt so far: for each chain
+        length g, the expected tokens a step commits (1 + expected accepted) against the break-even, what that
+        step costs in plain steps ((verify ms of g+1 rows + the head's ms) / verify ms of one row). None without
+        a neural drafter."""
+        if self.neural is None:
+            return None
+        v1 = self._verify_ms(1, 1 << 30)
+        g_max = max(1, getattr(self.neural, "gamma", 1))
+        reach = self._reach(self.neural_acc, g_max)
+        chains = []
+        for g in range(1, g_max + 1):
+            cost = self._verify_ms(g + 1, 1 << 30) + self.neural_ms.get(g)
+            chains.append({"gamma": g, "expected_tokens": 1 + sum(reach[:g]), "break_even_tokens": cost / v1})
+        best = max(chains, key=lambda c: c["expected_tokens"] / c["break_even_tokens"])
+        return {"p_first": self.neural_acc.p(1), "verify_ms_1": v1, "verify_ratio_2": self._verify_ms(2, 1 << 30) / v1,
+                "head_ms_1": self.neural_ms.get(1), "best": best, "chains": chains,
+                "evidence": self.neural_acc.seen()}
 
     # -- learning --------------------------------------------------------------------------------------------
     def observe(self, event) -> None:

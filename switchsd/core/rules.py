@@ -172,7 +172,7 @@ def overshoot_ratio(rule: Rule, p: torch.Tensor, q: torch.Tensor) -> float:
 
 def overshoot_mass(rule: Rule, p: torch.Tensor, q: torch.Tensor) -> float:
     """sum over {x: q(x) > p(x)} of (output(x) - p(x))^+: the probability mass the rule emits ABOVE the target
-    where the draft overshoots it (0 for any lossless rule; the issue's second overshoot metric)."""
+    where the draft overshoots it (0 for any lossless rule; the second overshoot metric)."""
     over = q > p
     return float(((rule.output(p, q) - p).clamp_min(0) * over).sum())
 

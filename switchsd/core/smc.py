@@ -21,7 +21,6 @@ import torch
 
 from .config import SMCConfig
 from .events import StepEvent, summarize
-from ..drafters.particles import ModelParticles
 
 
 def systematic_resample(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -115,6 +114,7 @@ def self_draft(model, layers: int):
     """The target's first `layers` decoder layers + its final norm and LM head, sharing the target's weights:
     a draft model with the target's tokenizer and a full q (what SMC needs), for targets without a small sibling."""
     import copy
+
     from transformers import AutoModelForCausalLM
     n = model.config.num_hidden_layers
     if not 1 <= layers < n:
@@ -139,8 +139,11 @@ class SMCEngine:
 
     def __init__(self, model, drafter, cfg: SMCConfig, max_new_tokens: int = 128, eos_ids: Sequence[int] = (),
                  max_length: int | None = None):
-        if isinstance(drafter, torch.nn.Module):                  # a bare draft model
-            drafter = ModelParticles(drafter, cfg.draft_temperature)
+        """`drafter`: a particle drafter (the protocol of switchsd/drafters/particles.py), injected by the
+        factory; a bare model is not one (wrap it: drafters.particles.ModelParticles)."""
+        if isinstance(drafter, torch.nn.Module):
+            raise TypeError("SMCEngine needs a particle drafter (e.g. drafters.particles.ModelParticles(model, T)), "
+                            "not a bare model")
         self.model, self.drafter, self.cfg = model, drafter, cfg
         self.max_new_tokens, self.eos = max_new_tokens, list(eos_ids)
         self.max_length = max_length or int(getattr(model.config, "max_position_embeddings", 1 << 30))

@@ -12,7 +12,7 @@ from collections import defaultdict
 from typing import Sequence
 
 from ..core.config import CopyConfig
-from .base import Draft, DraftRequest
+from ..core.drafting import Draft, DraftRequest
 
 
 class NGramIndex:

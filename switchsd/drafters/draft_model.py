@@ -14,8 +14,8 @@ import torch
 
 from ..core.cache import KVCache, check_grew
 from ..core.config import SamplingConfig
+from ..core.drafting import Draft, DraftRequest
 from ..core.verify import target_probs
-from .base import Draft, DraftRequest
 
 
 class DraftModelDrafter:

@@ -17,8 +17,8 @@ from typing import Callable, Sequence
 import torch
 
 from ..core.config import SamplingConfig, TreeConfig
+from ..core.drafting import Draft, DraftRequest
 from ..core.verify import target_probs
-from .base import Draft, DraftRequest
 from .eagle3_model import Eagle3Head
 
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..target.dense import attention_dtype
+from ..models.dense import attention_dtype
 
 
 class Eagle3LoadError(ValueError):

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from .base import Draft, DraftRequest, Extra
+from ..core.drafting import Draft, DraftRequest, Extra
 
 
 class LookaheadDrafter:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .base import Draft, DraftRequest
+from ..core.drafting import Draft, DraftRequest
 
 
 class OracleDrafter:

@@ -1,8 +1,8 @@
 """The paper's analyses, one command each.
 
-    python -m switchsd.analysis regime --dataset humaneval --limit 40 --max-new-tokens 256 --out runs/regime
-    python -m switchsd.analysis tax --results runs/humaneval/results.json [more results.json ...]
-    python -m switchsd.analysis temperature --dataset mtbench --limit 10 --out runs/temperature
+    python -m switchsd analysis regime --dataset humaneval --limit 40 --max-new-tokens 256 --out runs/regime
+    python -m switchsd analysis tax --results runs/humaneval/results.json [more results.json ...]
+    python -m switchsd analysis temperature --dataset mtbench --limit 10 --out runs/temperature
 
 regime (Fig. 3): SwitchSD decodes as usual; at EVERY step both the copy drafter and the neural drafter also
 propose, and each draft's acceptance length is measured against the target's greedy continuation (known from
@@ -19,13 +19,22 @@ import argparse
 import json
 from pathlib import Path
 
-
-from ..cli.common import (Neural, add_decode_args, add_model_args, add_neural_args, build_engine, copy_config,
-                         engine_config, load, resolve_budget)
-from .datasets import DATASETS, load_prompts
-from ..drafters.base import DraftRequest
+from ..cli.common import (
+    Neural,
+    add_decode_args,
+    add_model_args,
+    add_neural_args,
+    build_engine,
+    copy_config,
+    engine_config,
+    load,
+    load_prompt_file,
+    resolve_budget,
+)
+from ..core.drafting import DraftRequest
 from ..core.policies import PolicyState
 from . import tempsweep
+from .datasets import DATASETS
 
 
 def accepted_len(candidates: list[list[int]], reference: list[int]) -> int:
@@ -66,12 +75,12 @@ class Shadow:
 
 
 def regime(args) -> None:
+    prompts = load_prompt_file(args, args.limit)
     lm = load(args)
     budget, _ = resolve_budget(args, lm)
     cfg = engine_config(args, budget)
     copy_cfg = copy_config(args)
     neural = Neural(args, lm)
-    prompts = load_prompts(args.dataset, args.data_file, args.limit)
     chat = bool(getattr(lm.tokenizer, "chat_template", None))
     records = []
     from tqdm import tqdm

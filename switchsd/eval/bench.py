@@ -1,10 +1,10 @@
 """Side-by-side benchmark: every method on the same prompts, in one process, after a warm-up.
 
-    python -m switchsd.bench --dataset humaneval --limit 10 --methods vanilla,pld,copyspec,copy \
+    python -m switchsd bench --dataset humaneval --limit 10 --methods vanilla,pld,copyspec,copy \
         --max-new-tokens 128 --out runs/humaneval
 
 Methods run prompt by prompt, interleaved (so slow drifts of the machine hit all methods alike). Besides ours
-(`switchsd.core.methods.METHODS`, with variants), the peers a transformers user already has: `hf` (the model's own
+(`switchsd.methods.METHODS`, with variants), the peers a transformers user already has: `hf` (the model's own
 `generate`), `hf-pld` (`generate(prompt_lookup_num_tokens=10)`) and, with --draft, `hf-assisted`.
 Reported per method: Tok/s as the mean of per-prompt rates (Spec-Bench) and as total tokens / total time,
 speedup = mean Tok/s over vanilla's, tokens per target forward (bonus included), per path % of
@@ -27,18 +27,27 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..cli.common import (Neural, add_decode_args, add_model_args, add_neural_args, build_engine, copy_config,
-                         engine_config, load, resolve_budget)
-from .datasets import DATASETS, load_prompts
-from ..drafters.oracle import OracleDrafter
-from ..core.engine import Engine
+from ..cli.common import (
+    Neural,
+    add_decode_args,
+    add_model_args,
+    add_neural_args,
+    build_engine,
+    copy_config,
+    engine_config,
+    load,
+    resolve_budget,
+)
 from ..core.events import add_counts
-from ..core.methods import METHODS
-from .mismatch import explain, summarize_mismatches
-from ..io import write_text_atomic
-from ..target.models import ModelLoadError, gguf_model, gguf_path, load_model
-from .peers import PEERS, HFPeer, LlamaCppPeer, llama_cpp_missing
 from ..core.policies import Fixed
+from ..drafters.oracle import OracleDrafter
+from ..factory import make_engine
+from ..io import write_text_atomic
+from ..methods import METHODS
+from ..models.loading import ModelLoadError, gguf_model, gguf_path, load_model
+from .datasets import DATASETS, load_prompts
+from .mismatch import explain, summarize_mismatches
+from .peers import PEERS, HFPeer, LlamaCppPeer, llama_cpp_missing
 
 
 def aggregate(records: list[dict], vanilla_ids: dict) -> dict:
@@ -190,7 +199,7 @@ def main(argv=None) -> None:
         return build_engine(m, lm, cfg, copy_cfg, neural)
 
     engines = {m: make(m, cfg) for m in methods if m != "oracle"}
-    oracle = lambda ref: Engine(lm.model, Fixed([OracleDrafter(ref)]), cfg, eos, lm.max_length)
+    oracle = lambda ref: make_engine(lm.model, Fixed([OracleDrafter(ref)]), cfg, eos, lm.max_length)
     # Warm-up: every method once on the first prompt (not timed, not recorded).
     for m in methods:
         if m == "oracle":
@@ -244,7 +253,7 @@ def main(argv=None) -> None:
             "budget_source": source, "engine": asdict(cfg), "copy": asdict(copy_cfg),
             "torch": torch.__version__, "platform": platform.platform(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": "python -m switchsd.bench " + " ".join(argv if argv is not None else sys.argv[1:])}
+            "command": "python -m switchsd bench " + " ".join(argv if argv is not None else sys.argv[1:])}
     # results first: the optional float32 re-scoring below may load a second copy of the target (and fail)
     write_text_atomic(out / "results.json", json.dumps({"meta": meta, "summary": summary, "mismatches": None,
                                                         "records": records}, indent=1))

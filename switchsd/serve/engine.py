@@ -19,7 +19,7 @@ import torch
 from ..core.config import EngineConfig
 from ..core.engine import Decoder, Request, check_prompt
 from ..core.events import StepEvent
-from ..target.lean import LeanLlama
+from ..models.lean import LeanLlama
 from .batched import BatchedKV, batch_inputs, batched_forward
 
 

@@ -23,8 +23,8 @@ from typing import Iterator
 import torch
 
 from ..core.config import EngineConfig
-from ..core.engine import Engine
 from ..core.policies import Fixed
+from ..factory import make_engine
 from .drafting import BatchDrafter, DrafterProcess, ExternalDrafter, load_draft
 from .engine import BatchedEngine
 
@@ -230,7 +230,7 @@ def run_pearl(model, make_decoder, cfg: EngineConfig, reqs: list[Req], max_batch
 
 def external_decoder(model, cfg: EngineConfig, eos):
     """A row decoder whose drafts come from a BatchDrafter / the drafter process."""
-    return lambda: Engine(model, Fixed([ExternalDrafter()]), cfg, eos).decoder
+    return lambda: make_engine(model, Fixed([ExternalDrafter()]), cfg, eos).decoder
 
 
 def drain(steps: Iterator[Trace]) -> Trace:

@@ -23,10 +23,10 @@ def data_line(meta: dict, args) -> str:
 
 def reproduce(meta: dict, args) -> str:
     if meta["source"] == "sharegpt":        # the job's default state folder, not this machine's absolute path
-        cmd = (f"python -m switchsd.train_eagle3 --sharegpt ~/.cache/switchsd/eagle3/sharegpt --answers "
+        cmd = (f"python -m switchsd train-eagle3 --sharegpt ~/.cache/switchsd/eagle3/sharegpt --answers "
                f"{meta['answers']} --tf-answers {meta['tf_answers']}")
     else:
-        cmd = f"python -m switchsd.train_eagle3 --prompts {args.prompts}" + "".join(" --extra " + p for p in args.extra)
+        cmd = f"python -m switchsd train-eagle3 --prompts {args.prompts}" + "".join(" --extra " + p for p in args.extra)
     cmd += f" --steps {meta['steps']}" if args.steps else f" --epochs {args.epochs}"
     cmd += f" --ttt {args.ttt} --lr {args.lr} --draft-vocab {args.draft_vocab} --max-context {args.max_context}"
     cmd += (f" --init {args.init}" if args.init else "") + (" --revocab" if args.revocab else "")

@@ -19,8 +19,8 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from ..io import cut_at_eos, length_batches, left_padded, read_jsonl, right_padded, save_safetensors_atomic
-from ..target.models import LoadedModel
+from ..io import cut_at_eos, left_padded, length_batches, read_jsonl, right_padded, save_safetensors_atomic
+from ..models.loading import LoadedModel
 
 
 @torch.inference_mode()

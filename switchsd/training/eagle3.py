@@ -1,8 +1,8 @@
 """Train an EAGLE-3 head for a target model by self-distillation, on CPU or GPU.
 
-    python -m switchsd.train_eagle3 --model smollm2-135m-instruct --work runs/eagle3 \
+    python -m switchsd train-eagle3 --model smollm2-135m-instruct --work runs/eagle3 \
         --prompts 2000 --epochs 3 --out runs/eagle3/head
-    python -m switchsd.train_eagle3 --sharegpt ~/.cache/switchsd/eagle3/sharegpt --steps 200 --out runs/head
+    python -m switchsd train-eagle3 --sharegpt ~/.cache/switchsd/eagle3/sharegpt --steps 200 --out runs/head
 
 Stages (each resumes): 1. the target answers a varied prompt set (switchsd.training.prompts, never benchmark
 questions) and its fused features are cached (switchsd.training.data), or the samples come from the ShareGPT
@@ -26,13 +26,13 @@ import torch
 from safetensors.torch import load_file
 from tqdm import tqdm
 
-from ..io import length_batches, save_safetensors_atomic, write_text_atomic
 from ..drafters.eagle3_model import Eagle3Config, Eagle3Head, default_aux_layers, save_eagle3
+from ..io import length_batches, save_safetensors_atomic, write_text_atomic
+from ..models.loading import cpu_has_native_bf16, load_model
 from .card import write_card
 from .data import build, from_completions
-from .sources import folder_data, sharegpt_data
 from .prompts import build_prompts
-from ..target.models import cpu_has_native_bf16, load_model
+from .sources import folder_data, sharegpt_data
 
 
 def build_vocab(samples: list[dict], draft_vocab: int, vocab: int, extra_counts: torch.Tensor | None = None
@@ -218,7 +218,7 @@ def parser() -> argparse.ArgumentParser:
                     help="more samples the target already wrote (rows with prompt_ids + completion_ids, e.g. "
                     "runs/probes/<m>/copydiversity/completions.jsonl); never pass benchmark completions")
     ap.add_argument("--sharegpt", default=None, metavar="STATE", help="train on the ShareGPT answers of "
-                    "`python -m switchsd.regen_sharegpt` in STATE (its val split validates); no prompt generation")
+                    "`python -m switchsd regen-sharegpt` in STATE (its val split validates); no prompt generation")
     ap.add_argument("--answers", type=int, default=None, help="with --sharegpt: the first N training answers "
                     "(the data-scaling curve's prefixes)")
     ap.add_argument("--tf-answers", type=int, default=0, help="with --sharegpt: also the first N teacher-forced "
@@ -246,7 +246,7 @@ def main(argv=None) -> None:
     generate = data_stage and args.prompts > 0
     if args.stage == "data" and not (generate or args.extra):
         print("--stage data: nothing to write (--prompts 0, no --extra"
-              + ("; ShareGPT answers come from `python -m switchsd.regen_sharegpt`)" if args.sharegpt else ")"))
+              + ("; ShareGPT answers come from `python -m switchsd regen-sharegpt`)" if args.sharegpt else ")"))
         return
     lm = load_model(args.model, dtype=args.gen_dtype if generate else "float32")
     lm.tokenizer.padding_side = "left"

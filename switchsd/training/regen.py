@@ -18,9 +18,9 @@ from typing import Iterable, Iterator
 
 import torch
 
+from ..models.lean import LeanLlama
+from ..models.loading import LoadedModel
 from ..serve.batched import BatchedKV, batched_forward
-from ..target.lean import LeanLlama
-from ..target.models import LoadedModel
 
 
 def _malloc_trim() -> None:

@@ -1,7 +1,7 @@
 """The long job that makes EAGLE-3 training data: the target answers ShareGPT prompts (greedy, continuous batching,
-features from the same forwards), shard by shard, resumable across processes and sessions.
+features from the same forwards), shard by shard, resumable across processes and machines.
 
-    nohup python -m switchsd.regen_sharegpt --answers 20000 > ~/.cache/switchsd/eagle3/regen.log 2>&1 &
+    nohup python -m switchsd regen-sharegpt --answers 20000 > ~/.cache/switchsd/eagle3/regen.log 2>&1 &
 
 State lives in `--state` (default `~/.cache/switchsd/eagle3/sharegpt`, outside the work tree):
 - `sharegpt_prompts_*.jsonl` the filtered prompt list (switchsd.training.sharegpt), fixed order;
@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from ..drafters.eagle3_model import default_aux_layers
 from ..io import length_batches, read_jsonl, save_safetensors_atomic, write_text_atomic
-from ..target.models import cpu_has_native_bf16, load_model
+from ..models.loading import cpu_has_native_bf16, load_model
 from .data import forward_features, read_sample, shard_tensors
 from .regen import Regenerator
 from .sharegpt import MissingDataError, sharegpt_prompts
@@ -139,7 +139,7 @@ def teacher_forced(lm, items: list[tuple[str, list[int], int]], layers: tuple[in
 
 def export_answers(state: Path, out: Path) -> int:
     """The regenerated answers (the target's token ids and the prompt's key, no ShareGPT text: the prompt is
-    rebuilt from the package on import), gzipped JSONL: what a later session or machine imports."""
+    rebuilt from the package on import), gzipped JSONL: what a later run or another machine imports."""
     import gzip
     rows = read_jsonl(state / "answers.jsonl") if (state / "answers.jsonl").exists() else []
     with gzip.open(out, "wt") as f:

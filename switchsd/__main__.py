@@ -1,0 +1,4 @@
+"""python -m switchsd <subcommand>: see switchsd.cli.main."""
+from .cli.main import main
+
+main()
