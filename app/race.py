@@ -5,6 +5,7 @@ its text equals vanilla's."""
 from __future__ import annotations
 
 import html
+import os
 import time
 from typing import Any, Iterator, NamedTuple
 
@@ -35,6 +36,10 @@ RACE_LANES = (LaneSpec("vanilla", "vanilla"), LaneSpec("switchsd", "switchsd"), 
 _T = TreeConfig()
 NO_GATE = LaneSpec("eagle3 (no cost gate)", f"eagle3@tree{_T.top_k}x{_T.depth}x{_T.total_tokens}")
 RACE_REPEATS = 3
+# Pause between a progress frame and the next timed run: Gradio serialises and sends the frame on its event loop
+# and the page redraws while the handler goes on; without the pause that work overlaps the start of the next run
+# and steals a core from the model (short runs measured up to ~30% slower than the same run in `switchsd bench`).
+SETTLE_S = float(os.environ.get("SWITCHSD_RACE_SETTLE_S", "0.3"))
 
 
 def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bool = True, replay_speed: float = 4.0,
@@ -76,6 +81,7 @@ def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bo
             else:
                 yield RaceFrame("<i>racing: the lanes appear once every round has run</i>",
                                 html.escape(item) + skipped_note(), gr.skip(), gr.skip())
+                time.sleep(SETTLE_S)     # let the server send this frame and the page draw it before the next run
     except UserError as e:
         raise gr.Error(str(e))
     runs = {m: lane.shown for m, lane in result.lanes.items()}

@@ -156,7 +156,7 @@ def lane_html(title: str, tokenizer, events: Sequence[StepEvent], lossless: bool
         f'<span class="ssd-badge ok">lossless ✓ {html.escape(text)}</span>' if ok else
         f'<span class="ssd-badge bad">{html.escape(text)}</span>')
     return (f'<div class="ssd-lane" data-lane="{html.escape(title)}"><b>{html.escape(title)}</b>{badge}'
-            f'<div style="font-size:12px;color:#495057">{html.escape(stats)}</div>'
+            f'<div class="ssd-stats" style="font-size:12px;color:#495057">{html.escape(stats)}</div>'
             + (f'<div class="ssd-paths" style="font-size:12px;color:#495057">{html.escape(paths)}</div>' if paths else "")
             + (f'<div class="ssd-why" style="font-size:12px;color:#862e9c">{html.escape(why)}</div>' if why else "")
             + f'{tokens_html(tokenizer, events, show_prompt=False, elem_id="lane-" + re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-"))}</div>')

@@ -214,13 +214,14 @@ def test_worker_survives_a_failing_job_and_forgets_old_cancels():
     for _ in zip(range(2), w.stream(lambda: Boom())):
         pass
     assert _within(lambda: w.call(lambda: 41 + 1), 10) == 42        # the thread lives on
+    t0 = time.monotonic()
     for i in range(1100):
         w.cancel(f"s{i}")
-    assert len(w._cancelled_at) <= 1100
-    w._cancelled_at = {k: t - 7200 for k, t in w._cancelled_at.items()}
+    assert len(w._cancelled_at) == 1100 and w.cancelled_since("s0", t0)   # recent cancels are all kept
+    w._cancelled_at = {k: t - 7200 for k, t in w._cancelled_at.items()}  # two hours later
     w.cancel("new")
     w.cancel("newer")
-    assert len(w._cancelled_at) < 1100
+    assert set(w._cancelled_at) == {"new", "newer"} and not w.cancelled_since("s0", t0)   # old ones forgotten
 
 
 def test_live_route_answers_its_prefix_only():

@@ -20,7 +20,8 @@ from helpers import (
 )
 
 from switchsd.core.config import CopyConfig, EngineConfig, GateConfig, SamplingConfig
-from switchsd.core.costs import EmaTimer, Survival, VerifyCost, VerifyScale
+from switchsd.core.costs import Calibration, EmaTimer, Survival, VerifyCost, VerifyScale
+from switchsd.core.events import StepEvent
 from switchsd.core.policies import CostAware
 from switchsd.core.probe import Probe
 from switchsd.drafters.draft_model import DraftModelDrafter
@@ -149,7 +150,7 @@ def test_steep_curve_explores_rarely():
         name, path, gamma = "n", "neural", 3
     pol = CostAware(None, Neural(), None, STEEP, explore=0.05)
     from switchsd.core.policies import PolicyState
-    picks = [pol.select(PolicyState([1, 2, 3], i, None, max_len=10, rows=12))[1]["choice"] for i in range(1000)]
+    picks = [pol.select(PolicyState([1, 2, 3], i, None, max_len=10, rows=12)).why["choice"] for i in range(1000)]
     n = picks.count("neural")
     assert picks.count("plain") + n == 1000 and 1 <= n <= 5
 
@@ -248,3 +249,77 @@ def test_break_even_of_drafting_shapes():
     assert steep.break_even(2, draft_ms=5.0) == pytest.approx(1.0)
     pays = shapes_that_pay({1: 10.0, 2: 15.0, 32: 40.0})
     assert pays["chain1"] == pytest.approx(0.5) and pays["tree4x5x24"] > pays["chain5"] > pays["chain1"]
+
+
+def test_survival_relax_fades_towards_the_prior():
+    """A few misses push a path below break-even; each step it is passed over, its evidence fades by `factor`, so
+    the estimate climbs back towards the prior (and the path is tried again) instead of staying shut."""
+    s = Survival(prior=0.4, weight=2.0, decay=1.0)
+    for _ in range(6):
+        s.update(drafted=1, accepted=0)
+    low = s.p(1)
+    assert low == pytest.approx(0.8 / 8)
+    seen = [low]
+    for _ in range(200):
+        s.relax(0.98)
+        seen.append(s.p(1))
+    assert all(b > a for a, b in zip(seen, seen[1:]))               # strictly back up, step by step
+    assert seen[-1] == pytest.approx((0.0 + 0.8) / (6 * 0.98 ** 200 + 2.0))
+    assert 0.35 < seen[-1] < 0.4                                     # nearly the prior, never above it
+
+
+def test_calibration_learns_each_confidence_bin_apart():
+    c = Calibration(bins=10, weight=4.0, decay=1.0)
+    assert c.p(0.05) == pytest.approx(0.05) and c.p(0.97) == pytest.approx(0.95)   # priors: the bins' centres
+    assert c.bin(1.0) == 9 and c.bin(-0.1) == 0
+    for _ in range(36):
+        c.update(0.95, hit=False)          # an over-confident head: its 0.9-1.0 bin lands nothing
+        c.update(0.15, hit=True)           # and its 0.1-0.2 bin always lands
+    assert c.p(0.99) == pytest.approx((0 + 4 * 0.95) / (36 + 4))
+    assert c.p(0.11) == pytest.approx((36 + 4 * 0.15) / (36 + 4))
+    assert c.p(0.55) == pytest.approx(0.55)                          # other bins untouched
+    d = Calibration(bins=10, weight=4.0, decay=0.5)
+    d.update(0.95, hit=False)
+    d.update(0.95, hit=True)
+    assert d.trials[9] == pytest.approx(1.5) and d.hits[9] == pytest.approx(1.0)   # older evidence decays
+
+
+class _Stub:
+    def __init__(self, name, path, gamma=3):
+        self.name, self.path, self.gamma = name, path, gamma
+
+
+def _event(path, candidates, accepted, draft_s, verify_s, sources=None):
+    tokens = [0] + [t for c in candidates for t in c]
+    rows = list(range(1, 1 + accepted))                 # the first candidate's first `accepted` tokens
+    return StepEvent(step=0, path=path, drafter=None, candidates=candidates, tree_tokens=tokens,
+                     tree_parents=[-1] + list(range(len(tokens) - 1)), accepted_rows=rows,
+                     accepted=candidates[0][:accepted] if candidates else [], accepted_candidate=0 if accepted else None,
+                     bonus=9, new_tokens=[9], position=0, timings={"draft": draft_s, "verify": verify_s},
+                     sources=sources)
+
+
+def test_cost_gate_observe_credits_each_path():
+    """observe() books a verified draft to the path that drafted it: acceptance per position (Survival), the
+    drafter's time (EmaTimer), the verify time per row count (VerifyScale); a plain step only the last."""
+    cost = VerifyCost({1: 10.0, 2: 12.0, 4: 16.0, 8: 24.0})
+    copier, neural = _Stub("copy", "copy"), _Stub("eagle3", "neural")
+    pol = CostAware(copier, neural, 0.5, cost)
+    pol._chosen = {"choice": "neural", "bucket": None, "low": None, "confs": None}
+    pol.plain_run = 7
+    pol.observe(_event("neural", [[5, 6, 7]], accepted=1, draft_s=0.004, verify_s=0.024))
+    acc = pol.neural_acc
+    assert acc.trials[:2] == [1.0, 1.0] and acc.hits[:2] == [1.0, 0.0]    # position 1 hit, 2 missed, 3 not reached
+    assert pol.neural_ms.get(3) == pytest.approx(4.0) and pol.plain_run == 0
+    assert pol.scale.own[4] == pytest.approx(0.9 * 1.0 + 0.1 * 24.0 / 16.0)
+    pol._chosen = {"choice": "copy", "bucket": 2, "low": None, "confs": None}
+    pol.observe(_event("copy", [[1, 2], [1, 3]], accepted=2, draft_s=0.001, verify_s=0.012))
+    assert pol.copy_acc[2].trials[:2] == [1.0, 1.0] and pol.copy_acc[2].hits[:2] == [1.0, 1.0]
+    assert all(not b.trials for i, b in enumerate(pol.copy_acc) if i != 2)
+    pol._chosen = {"choice": "lookup", "bucket": None, "low": 3, "confs": None}
+    pol.observe(_event("copy", [[4]], accepted=0, draft_s=0.0005, verify_s=0.012))
+    assert pol.lookup_acc[3].trials[:1] == [1.0] and pol.lookup_acc[3].hits[:1] == [0.0]
+    assert pol.lookup_ms.get(1) == pytest.approx(0.5)
+    before = (list(acc.trials), dict(pol.neural_ms.ms))
+    pol.observe(_event("vanilla", [], accepted=0, draft_s=0.0, verify_s=0.011))
+    assert (acc.trials, pol.neural_ms.ms) == before and pol.scale.seen[1] == 1.0

@@ -30,11 +30,12 @@ def test_gate_truth_table(score, match, fires):
     pol = SwitchSD(copy, neural, tau=0.5)
     tokens = [1, 2, 3, 4, 1, 2, 3] if match else [1, 2, 3, 4, 5, 6, 7]
     copy.reset(tokens)
-    drafters, gate = pol.select(PolicyState(tokens, 0, score))
+    decision = pol.select(PolicyState(tokens, 0, score))
+    drafters, gate = decision.drafters, decision.why
     assert gate["copy"] is fires and gate["kgram_match"] is match and gate["tau"] == 0.5
     assert drafters[0] is (copy if fires else neural)
     if fires:
-        assert drafters == [copy, neural]  # an empty copy draft falls back to the neural drafter
+        assert drafters == (copy, neural)  # an empty copy draft falls back to the neural drafter
 
 
 def event(path, n_new, secs):
@@ -45,15 +46,15 @@ def event(path, n_new, secs):
 
 def test_bandit_arm_statistics():
     b = BanditSpec(Dummy(), Dummy(), c=0.5, warmup=1)
-    first = b.select(PolicyState([], 0))[1]["arm"]
+    first = b.select(PolicyState([], 0)).why["arm"]
     b.observe(event(first, 1, 0.1))
-    second = b.select(PolicyState([], 1))[1]["arm"]
+    second = b.select(PolicyState([], 1)).why["arm"]
     assert second != first, "warm-up plays every arm"
     b.observe(event(second, 8, 0.1))           # the second arm is 8x better
     assert b.arms[first] == [1, pytest.approx(10.0)] and b.arms[second] == [1, pytest.approx(80.0)]
     picks = []
     for i in range(20):
-        arm = b.select(PolicyState([], i))[1]["arm"]
+        arm = b.select(PolicyState([], i)).why["arm"]
         picks.append(arm)
         b.observe(event(arm, 8 if arm == second else 1, 0.1))
     assert picks.count(second) > 15

@@ -15,8 +15,8 @@ COLD_S = 0.400          # the process's first generation pays this once (first f
 
 class Process:
     """What the lanes share: whether the process has run anything yet, and the order of the timed runs."""
-    def __init__(self):
-        self.warm = False
+    def __init__(self, drift: float = 0.0):
+        self.warm, self.drift = False, drift
         self.order: list[str] = []
 
 
@@ -27,7 +27,8 @@ class FakeEngine:
         self.proc, self.name, self.n = proc, name, n
 
     def run(self, ids, generator=None) -> Generation:
-        wall = self.n * STEP_S + (0.0 if self.proc.warm else COLD_S)
+        slow = 1.0 + self.proc.drift * len(self.proc.order)       # the machine slows down run after run
+        wall = self.n * STEP_S * slow + (0.0 if self.proc.warm else COLD_S)
         self.proc.warm = True
         self.proc.order.append(self.name)
         return Generation(list(ids), [5] * self.n, [], {"tok_s": self.n / wall, "wall_s": wall,
@@ -37,8 +38,8 @@ class FakeEngine:
         pass
 
 
-def _race(warmup_tokens: int, repeats: int, lanes=("a", "b")) -> tuple[RaceResult, Process]:
-    proc = Process()
+def _race(warmup_tokens: int, repeats: int, lanes=("a", "b"), drift: float = 0.0) -> tuple[RaceResult, Process]:
+    proc = Process(drift)
     specs = [LaneSpec(x, "vanilla") for x in lanes]
     out = list(race(lambda spec, n: FakeEngine(proc, spec.name, n), specs, [3, 4], max_new_tokens=48,
                     repeats=repeats, warmup_tokens=warmup_tokens))
@@ -66,6 +67,16 @@ def test_rounds_rotate_and_each_lane_shows_its_median_run():
         assert len(lane.runs) == 3
         assert lane.shown is lane.runs[lane.median_index]
     assert result.speedup("c") == pytest.approx(1.0)
+
+
+def test_speedups_pair_runs_of_one_round():
+    """The machine slows 3% per run: identical lanes stay near 1.0x because each speedup is the median of
+    same-round ratios; the ratio of the lanes' median runs would credit one lane with the drift."""
+    result, _ = _race(warmup_tokens=8, repeats=3, lanes=("a", "b", "c"), drift=0.03)
+    for name in ("b", "c"):
+        assert abs(result.speedup(name) - 1) < 0.04, result.speedup(name)
+    naive = result.lanes["b"].tok_s / result.lanes["a"].tok_s
+    assert abs(naive - 1) > 0.05, naive
 
 
 def test_bad_race_arguments_are_refused():

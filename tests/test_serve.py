@@ -50,6 +50,31 @@ def test_batched_greedy_equals_single_request(tiny_model, method, max_batch):
         assert sum(len(e.accepted) for es in be.run_all(ps).values() for e in es) > 0
 
 
+@pytest.mark.parametrize("method", ["vanilla", "copy", "copyspec"])
+def test_staggered_arrivals_equal_single_requests(tiny_model, method):
+    """Requests arrive between steps (at steps 0, 0, 3, 4, 9, 10, 18), join rows that are mid-decode, and leave
+    as they finish; every output equals single-request greedy decoding, and rows really did join a running batch
+    (a slot refilled after compaction, a row admitted while others were drafting)."""
+    cfg = EngineConfig(max_new_tokens=24, budget=12)
+    ps = prompts(7)
+    arrive = dict(zip(sorted(ps), (0, 0, 3, 4, 9, 10, 18)))
+    be = BatchedEngine(tiny_model, lambda: engine_for(tiny_model, method, cfg).decoder, cfg, max_batch=3)
+    events: dict = {i: [] for i in ps}
+    joined_running = 0
+    step = 0
+    while step < 400 and (any(not events[i] or not events[i][-1].finished for i in ps)):
+        for i in ps:
+            if arrive[i] == step:
+                joined_running += be.active > 0
+                be.submit(i, ps[i])
+        for rid, e in be.step():
+            events[rid].append(e)
+        step += 1
+    for i, ids in ps.items():
+        assert tokens_of(events[i]) == greedy_reference(tiny_model, ids, 24), (method, i)
+    assert joined_running >= 4 and len(set(be.batch_sizes)) > 1, (joined_running, be.batch_sizes)
+
+
 def test_batched_oracle_trees_and_early_eos(tiny_model):
     """An oracle drafter (the true continuation, every token accepted) beside plain rows: multi-token commits
     and different tree widths in one forward; EOS ends rows early."""
@@ -86,13 +111,19 @@ def test_batched_eagle3_trees(tiny_model):
         write_head(Path(d))
         head = load_eagle3(d, target)
     cfg = EngineConfig(max_new_tokens=24, budget=16, stop_at_eos=False)
-    make = lambda: engine_for(target, "eagle3", cfg, Eagle3Drafter(head, target, TreeConfig(3, 3, 8)), eos=()).decoder  # noqa: E731
+    make_single = lambda: engine_for(target, "eagle3", cfg, Eagle3Drafter(head, target, TreeConfig(3, 3, 8)), eos=())  # noqa: E731
+    make = lambda: make_single().decoder  # noqa: E731
     probe = make()
     be = BatchedEngine(target, make, cfg, max_batch=4, sites=probe.feature_drafters[0].sites)
     ps = prompts(6)
     evs = be.run_all(ps)
     for i, ids in ps.items():
         assert tokens_of(evs[i]) == greedy_reference(target, ids, 24, eos=None)
+        # the state check: each row's head was fed its own row's features, so it drafts the very trees a
+        # single-request engine drafts (a feed from another row, or a missed one, changes them; the outputs
+        # alone would not show it, verification being lossless)
+        single = make_single().run(ids).events
+        assert [(e.tree_tokens, e.tree_parents) for e in evs[i]] == [(e.tree_tokens, e.tree_parents) for e in single]
     assert any(len(e.tree_tokens) > 2 for es in evs.values() for e in es)
 
 

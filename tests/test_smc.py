@@ -80,12 +80,27 @@ def test_error_shrinks_with_more_particles():
 
 
 def test_eos_stops_a_particle_and_its_weight():
-    d, v, r = chain_fns(P, Q, 3)
-    res = smc_decode(d, v, r, torch.zeros(3, dtype=torch.long), SMCConfig(3, 2, 1.0, 1.0, 0.0), 40, eos=(3,),
+    """With resampling off, each particle's final log-weight is the sum over its own drafted tokens, up to and
+    including an EOS, of log p - log q, and nothing follows an EOS. (Planted: counting the drafted tokens after
+    an EOS into the weight, or the bonus token, breaks the weight check.)"""
+    g, eos = 2, 3
+    n = 24
+    Pe, Qe = P.clone(), Q.clone()         # after an EOS, p and q disagree: a token counted there would show
+    Pe[eos] = torch.tensor([0.7, 0.1, 0.1, 0.1], dtype=torch.float64)
+    Qe[eos] = torch.tensor([0.1, 0.1, 0.1, 0.7], dtype=torch.float64)
+    d, v, r = chain_fns(Pe, Qe, n)
+    res = smc_decode(d, v, r, torch.zeros(n, dtype=torch.long), SMCConfig(n, g, 1.0, 1.0, 0.0), 400, eos=(eos,),
                      generator=torch.Generator().manual_seed(1))
-    for s in res.particles:
-        assert 3 not in s[:-1]                                        # nothing after an EOS
-    assert res.resamples == 0                                         # threshold 0: pure importance sampling
+    assert res.resamples == 0 and len(res.particles) == n
+    ends = {(len(s) - 1) % (g + 1) for s in res.particles}      # where each EOS fell: 1, 2 drafted, 0 the bonus
+    assert ends == {0, 1, 2}, ends                              # every case is checked below
+    for s, logw in zip(res.particles, res.log_weights):
+        assert s[-1] == eos and eos not in s[:-1]                      # every particle stopped at its EOS
+        # s = [first, x1, x2, bonus, x1, x2, bonus, ...]: drafted tokens sit at positions 1, 2 (mod 3)
+        want = sum(float(Pe[s[k - 1], s[k]].log() - Qe[s[k - 1], s[k]].log())
+                   for k in range(1, len(s)) if k % (g + 1) != 0)
+        assert logw == pytest.approx(want, abs=1e-9)
+    assert len({round(w, 6) for w in res.log_weights}) > 1              # the weights moved: a real check
 
 
 @pytest.mark.real

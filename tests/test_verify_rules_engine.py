@@ -67,15 +67,24 @@ def test_lossy_rules_in_the_tree_follow_their_output_law(rule):
 
 
 @pytest.mark.parametrize("rule", LOSSY[:4], ids=lambda r: r.name)
-def test_copy_drafts_under_lossy_rules(rule):
-    """A copy draft is the point mass q = one-hot(x): its committed law is rule.output(p, one-hot)."""
+@pytest.mark.parametrize("x", [1, 5], ids=["kept-token", "rare-token"])
+def test_copy_drafts_under_lossy_rules(rule, x):
+    """A copy draft is the point mass q = one-hot(x): its committed law is rule.output(p, one-hot). Where that law
+    is not the target's (a truncation rule keeps x = 1, p = 0.2, and then always accepts it; lenience and CoS move
+    mass onto x), the counts must also reject the target's law: a verifier that ignored the rule fails here. (A
+    truncation rule that cuts x = 5, p = 0.05, gives back exactly the target's law: no control there.)"""
     from collections import Counter
-    x = 5
     one_hot = torch.zeros(V, dtype=torch.float64).index_fill_(0, torch.tensor([x]), 1.0)
     law = rule.output(P0, one_hot)
     gen = torch.Generator().manual_seed(2)
     counts = Counter(committed(fixed([[x]])(gen), rule_fn(rule), gen) for _ in range(12000))
     assert chisq_pvalue(counts, {(t,): float(law[t]) for t in range(V)}) > PASS
+    if float((law - P0).abs().sum()) / 2 > 0.05:
+        assert chisq_pvalue(counts, {(t,): float(P0[t]) for t in range(V)}) < REJECT
+        ignored = Counter(committed(fixed([[x]])(gen), rule_fn(Rule()), gen) for _ in range(12000))   # lossless
+        assert chisq_pvalue(ignored, {(t,): float(law[t]) for t in range(V)}) < REJECT
+    else:
+        assert rule.name in ("minp", "eta") and x == 5
 
 
 def test_accept_probs_are_reported_per_row():

@@ -111,25 +111,25 @@ class Decoder:
         score = None
         if self.probe is not None and req.hidden is not None:
             score = float(self.probe.score(req.hidden[self.probe.site]))
-        drafters, gate = self.policy.select(PolicyState(tokens, req.step, score, max(max_len, 0), cfg.budget))
+        decision = self.policy.select(PolicyState(tokens, req.step, score, max(max_len, 0), cfg.budget))
         budget = cfg.budget
-        if gate:   # the policy may cap this step's draft
-            max_len = min(max_len, gate.get("max_len", max_len))
-            budget = max(1, min(budget, gate.get("rows", budget)))
+        if decision.max_len is not None:            # the policy may cap this step's draft
+            max_len = min(max_len, decision.max_len)
+        if decision.rows is not None:
+            budget = max(1, min(budget, decision.rows))
         draft, parts, owner = Draft([]), [], []
         if max_len > 0 and budget > 1:
             req_ = DraftRequest(tokens=tokens, max_len=max_len, budget=budget - 1)
-            merge = bool(gate and gate.get("merge"))    # verify every drafter's candidates together
-            for d in drafters:
+            for d in decision.drafters:
                 proposal = d.propose(req_)
                 if proposal:
                     parts.append((d, proposal))
-                    if not merge:
+                    if not decision.merge:       # else: verify every drafter's candidates together
                         break
             if parts:
                 draft, owner = merge_drafts([p for _, p in parts])
         tree = build_tree(tokens[-1], draft.candidates, budget, draft.q, max_depth=max(max_len, 0))
-        return Plan(tree, draft, parts, owner, gate, score, t0, time.perf_counter())
+        return Plan(tree, draft, parts, owner, decision.why, score, t0, time.perf_counter())
 
     def settle(self, req: Request, plan: Plan, logits: torch.Tensor, last: dict, generator: torch.Generator | None,
                keep_cache: Callable[[list[int]], None]) -> StepEvent:

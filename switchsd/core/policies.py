@@ -1,10 +1,9 @@
 """Policies choose which drafter(s) to try at each step; the engine uses the first non-empty draft.
 
 `select` receives the decode state (committed tokens, the probe score of the last processed position when a
-probe is loaded, the step's length and row limits) and returns drafters in priority order plus a `gate` dict
-that explains the decision (shown in events and the app). An empty list means a plain (vanilla) step.
-A gate may also cap the step: `gate["max_len"]` (deepest draft token) and `gate["rows"]` (verify rows, the
-pending row included); the engine applies both.
+probe is loaded, the step's length and row limits) and returns a `Decision`: the drafters in priority order
+(none: a plain, vanilla step), the caps the engine applies to this step's draft, and, apart from that control,
+`why`: the explanation shown in events and the studio (the engine never reads it).
 """
 from __future__ import annotations
 
@@ -19,6 +18,17 @@ from .costs import Calibration, EmaTimer, Survival, VerifyCost, VerifyScale
 from .drafting import Drafter, DraftRequest
 
 
+@dataclass(frozen=True)
+class Decision:
+    """One step's choice. `max_len`: deepest draft token; `rows`: verify rows, the pending row included;
+    `merge`: verify every drafter's candidates together (else the first non-empty draft runs)."""
+    drafters: tuple = ()
+    max_len: int | None = None
+    rows: int | None = None
+    merge: bool = False
+    why: dict | None = None
+
+
 @dataclass
 class PolicyState:
     tokens: Sequence[int]
@@ -31,7 +41,7 @@ class PolicyState:
 class Policy(Protocol):
     drafters: list[Drafter]
 
-    def select(self, state: PolicyState) -> tuple[list[Drafter], dict | None]: ...
+    def select(self, state: PolicyState) -> Decision: ...
     def observe(self, event) -> None: ...
 
 
@@ -41,8 +51,8 @@ class Fixed:
     def __init__(self, drafters: Sequence[Drafter] = ()):
         self.drafters = list(drafters)
 
-    def select(self, state: PolicyState) -> tuple[list[Drafter], dict | None]:
-        return self.drafters, None
+    def select(self, state: PolicyState) -> Decision:
+        return Decision(tuple(self.drafters))
 
     def observe(self, event) -> None:
         pass
@@ -59,12 +69,12 @@ class SwitchSD:
     def gate(self, score: float | None, match: bool) -> bool:
         return score is not None and score >= self.tau and match
 
-    def select(self, state: PolicyState) -> tuple[list, dict]:
+    def select(self, state: PolicyState) -> Decision:
         match = self.copy.has_match(state.tokens)
         fire = self.gate(state.probe_score, match)
         gate = {"probe": state.probe_score, "tau": self.tau, "kgram_match": match, "copy": fire}
         neural = [self.neural] if self.neural is not None else []
-        return ([self.copy] + neural if fire else neural), gate
+        return Decision(tuple([self.copy] + neural if fire else neural), why=gate)
 
     def observe(self, event) -> None:
         pass
@@ -79,13 +89,14 @@ class SAMD:
         self.sam, self.neural, self.len_threshold, self.alpha = sam, neural, len_threshold, alpha
         self.drafters = [sam] + ([neural] if neural is not None else [])
 
-    def select(self, state: PolicyState) -> tuple[list, dict]:
+    def select(self, state: PolicyState) -> Decision:
         self.sam.sam.extend(state.tokens)          # idempotent: feeds only tokens it has not seen
         n = self.sam.match_len
         if self.neural is None:
-            return [self.sam], {"match_len": n, "max_len": min(self.sam.n_predicts, 1 + int(self.alpha * n))}
+            cap = min(self.sam.n_predicts, 1 + int(self.alpha * n))
+            return Decision((self.sam,), max_len=cap, why={"match_len": n, "max_len": cap})
         fire = n >= self.len_threshold
-        return ([self.sam] if fire else [self.neural]), {"match_len": n, "samd_copy": fire}
+        return Decision((self.sam,) if fire else (self.neural,), why={"match_len": n, "samd_copy": fire})
 
     def observe(self, event) -> None:
         pass
@@ -111,10 +122,11 @@ class BanditSpec:
                 (s / n) / self.r_max + self.c * math.sqrt(2 * math.log(max(t, 1)) / n)
         return out
 
-    def select(self, state: PolicyState) -> tuple[list, dict]:
+    def select(self, state: PolicyState) -> Decision:
         scores = self.ucb()
         arm = max(scores, key=lambda a: (scores[a], a == "neural"))
-        return ([self.copy, self.neural] if arm == "copy" else [self.neural]), {"arm": arm, "ucb": scores}
+        return Decision((self.copy, self.neural) if arm == "copy" else (self.neural,),
+                        why={"arm": arm, "ucb": scores})
 
     def observe(self, event) -> None:
         arm = "copy" if event.path == "copy" else "neural" if event.path == "neural" else None
@@ -234,7 +246,7 @@ class CostAware:
                                                keep)
         return confs
 
-    def select(self, state: PolicyState) -> tuple[list, dict]:
+    def select(self, state: PolicyState) -> Decision:
         limit = max(1, state.rows)
         score, tau = state.probe_score, self.tau
         match = self.copy is not None and self.copy.has_match(state.tokens)
@@ -297,12 +309,12 @@ class CostAware:
         gate = {"mode": "cost", "probe": score, "tau": tau, "kgram_match": match, "copy": plausible,
                 "choice": choice, "copy_depth": d, "neural_depth": g, "explore": explore,
                 "expected_tok_s": {_label(c, cd, ng): round(1000 * v, 1) for v, c, cd, ng, _ in top},
-                "max_len": max(d, g), "rows": rows, "merge": choice == "copy+neural"}
+                "rows": rows}
         if confs is not None:
             gate["neural_conf"] = [round(c, 3) for c in confs]
-        drafters = {"plain": [], "copy": [self.copy], "neural": [self.neural], "lookup": [self.lookup],
-                    "copy+neural": [self.copy, self.neural]}[choice]
-        return drafters, gate
+        drafters = {"plain": (), "copy": (self.copy,), "neural": (self.neural,), "lookup": (self.lookup,),
+                    "copy+neural": (self.copy, self.neural)}[choice]
+        return Decision(drafters, max_len=max(d, g), rows=rows, merge=choice == "copy+neural", why=gate)
 
     def outlook(self) -> dict | None:
         """Why the neural drafter does or does not pay here, from what the gate has learnt so far: for each chain

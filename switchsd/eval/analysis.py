@@ -56,7 +56,8 @@ class Shadow:
         self.records: list[dict] = []
 
     def select(self, state: PolicyState):
-        drafters, gate = self.inner.select(state)
+        decision = self.inner.select(state)
+        gate = decision.why
         L = len(state.tokens)
         cont = self.reference[L:]
         req = DraftRequest(tokens=state.tokens, max_len=min(self.depth, max(len(cont) - 1, 0)), budget=self.budget - 1)
@@ -68,7 +69,7 @@ class Shadow:
             nd = self.inner.neural.propose(req) if self.inner.neural is not None else None
             rec["neural"] = accepted_len(nd.candidates, cont) if nd else None
         self.records.append(rec)
-        return drafters, gate
+        return decision
 
     def observe(self, event):
         self.inner.observe(event)

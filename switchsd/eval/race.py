@@ -8,7 +8,8 @@ Timing, so that a speedup on screen is one the method earned:
   the process's cold start (first forwards, allocator growth, the head's first call);
 - every lane is a fresh engine on the same model, run by the same `run` function (the caller's thread);
 - `repeats` rounds, the lane order rotated each round (a drift of the machine's speed hits every lane alike);
-  each lane reports its median run (by Tok/s), and speedups are ratios of those medians;
+  each lane shows its median run (by Tok/s); a speedup is the median over rounds of the lane's Tok/s over the
+  reference's in the same round (paired: a drift between rounds cancels);
 - one clock: a lane's Tok/s is its median run's tokens / wall time (the engine's own `Generation.stats`, as in
   `switchsd bench`), and its replay timeline (`timeline`) ends at that same wall time.
 """
@@ -65,8 +66,11 @@ class RaceResult:
     reference: str                  # the lane the speedups divide by (vanilla)
 
     def speedup(self, name: str) -> float:
-        ref = self.lanes[self.reference].tok_s
-        return self.lanes[name].tok_s / ref if ref else 0.0
+        """The median over rounds of this lane's Tok/s over the reference's in the same round: runs of one round
+        lie seconds apart, so a drift of the machine's speed between rounds cancels in each ratio."""
+        lane, ref = self.lanes[name].runs, self.lanes[self.reference].runs
+        ratios = [a.stats["tok_s"] / b.stats["tok_s"] for a, b in zip(lane, ref) if b.stats["tok_s"] > 0]
+        return statistics.median(ratios) if ratios else 0.0
 
 
 def timeline(run: Generation) -> tuple[list[float], list[int]]:
