@@ -132,7 +132,9 @@ def gate_sentence(lane: LaneResult) -> str:
             f"token{'s' if best['gamma'] > 1 else ''}) would commit {best['expected_tokens']:.2f} tokens per step, "
             f"but on this device such a step costs as much as {best['break_even_tokens']:.2f} plain steps "
             f"(verifying 2 rows = {o['verify_ratio_2']:.2f}x one row of {o['verify_ms_1']:.1f} ms, plus the head's "
-            f"{o['head_ms_1']:.1f} ms per token), so drafting would not pay here.")
+            f"{o['head_ms_1']:.1f} ms per token"
+            + (f", and the {100 * o['margin']:.0f}% a neural draft must clear" if o.get("margin") else "")
+            + "), so drafting would not pay here.")
 
 
 def _paths_line(g) -> str:

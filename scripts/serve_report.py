@@ -1,4 +1,4 @@
-"""The serving runs (scripts/serve_bench.sh) as the Markdown tables of docs/results.md "Serving".
+"""The serving runs (scripts/serve_bench.sh) as the Markdown tables of docs/results.md "The seed systems".
 
     python scripts/serve_report.py runs/serve
 """

@@ -323,3 +323,17 @@ def test_cost_gate_observe_credits_each_path():
     before = (list(acc.trials), dict(pol.neural_ms.ms))
     pol.observe(_event("vanilla", [], accepted=0, draft_s=0.0, verify_s=0.011))
     assert (acc.trials, pol.neural_ms.ms) == before and pol.scale.seen[1] == 1.0
+
+
+@pytest.mark.parametrize("margin,choice", [(0.0, "neural"), (0.05, "plain")])
+def test_a_neural_draft_must_clear_the_margin(margin, choice):
+    """A chain-1 draft expected to beat a plain step by ~3% (1.24 tokens for 12 ms against 1 for 10 ms) runs
+    without a margin and not with the default 5%: a gain that small is within what the head's price misses."""
+    from switchsd.core.policies import PolicyState
+    pol = CostAware(None, _Stub("eagle3", "neural", gamma=1), None, VerifyCost({1: 10.0, 2: 11.0, 4: 14.0}),
+                    neural_margin=margin)
+    pol.neural_acc = Survival(prior=0.24, weight=1e9)
+    pol.neural_ms.add(1, 1.0)
+    d = pol.select(PolicyState([1, 2, 3], 0, None, max_len=10, rows=4))
+    assert d.why["choice"] == choice, d.why
+    assert pol.outlook()["best"]["break_even_tokens"] == pytest.approx((1 + margin) * 12.0 / 10.0)

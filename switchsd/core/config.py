@@ -168,6 +168,9 @@ class GateConfig:
     lookup: bool = True
     lookup_candidates: int = 3
     confidence: bool = False   # price each neural chain by its tokens' own probabilities (CostAware; variant +conf)
+    # a neural draft runs only where it is expected to beat the other options by this share: its price (a head
+    # step of ~4 ms beside a target step of 15-25 ms on a CPU, plus catch-up) is the least certain one the gate has
+    neural_margin: float = 0.05
     bandit_c: float = 1.0      # BanditSpec's UCB exploration constant (method banditspec)
 
     def __post_init__(self):
@@ -179,6 +182,8 @@ class GateConfig:
             raise ValueError(f"explore must be in (0, 1), got {self.explore}")
         if self.kappa < 1:
             raise ValueError(f"kappa must be >= 1, got {self.kappa}")
+        if not (0.0 <= self.neural_margin < 1.0):
+            raise ValueError(f"neural_margin must be in [0, 1), got {self.neural_margin}")
         if self.lookup_candidates < 1:
             raise ValueError(f"lookup_candidates must be >= 1, got {self.lookup_candidates}")
         if not (self.bandit_c > 0 and self.bandit_c < float("inf")):

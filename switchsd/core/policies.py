@@ -163,7 +163,7 @@ class CostAware:
     Lossless: it only chooses drafts."""
 
     def __init__(self, copier, neural, tau: float | None, cost: VerifyCost, explore: float = 0.01,
-                 buckets: int = 4, lookup=None, confidence: bool = False):
+                 buckets: int = 4, lookup=None, confidence: bool = False, neural_margin: float = 0.0):
         self.copy, self.neural, self.lookup = copier, neural, lookup if copier is not None else None
         self.cost, self.explore = cost, float(explore)
         self.tau = None if tau is None else float(tau)
@@ -179,7 +179,10 @@ class CostAware:
         base = cost.ms(1)
         self.copy_ms = EmaTimer(guess_ms=0.002 * base)
         self.lookup_ms = EmaTimer(guess_ms=0.002 * base)
-        self.neural_ms = EmaTimer(guess_ms=0.05 * base)
+        # a head step costs a sizeable share of a target step on a CPU (EAGLE-3: ~4 ms beside 15-25 ms): until
+        # the drafter has been timed, assume a quarter, so no draft runs on an optimistic guess
+        self.neural_ms = EmaTimer(guess_ms=0.25 * base)
+        self.neural_margin = float(neural_margin)
         self.scale = VerifyScale()           # measured verify time / calibrated curve, per row count
         self._curve: dict[tuple[int, int], float] = {}
         self.plain_run = 0                   # plain steps since the neural drafter last ran
@@ -283,13 +286,14 @@ class CostAware:
                    self._reach(self.neural_acc, max((g for g, _ in shapes), default=0)))
         nsum = list(accumulate(n_reach, initial=0.0))
         both = list(accumulate((c * n for c, n in zip(c_reach, n_reach)), initial=0.0))
+        damp = 1.0 / (1.0 + self.neural_margin)    # a neural draft must beat the rest by this share
         for g, rows in shapes:
             n_ms = self.neural_ms.get(g) if confs is None else 0.0      # drafted already: `sunk`, in c_ms too
-            options.append(((1 + nsum[g]) / (V(rows) + n_ms + sunk), "neural", 0, g, rows))
+            options.append((damp * (1 + nsum[g]) / (V(rows) + n_ms + sunk), "neural", 0, g, rows))
             for d, c_rows in copy_cuts:    # both drafts in one verify forward (misses taken as independent)
                 e = csum[d] + nsum[g] - both[min(d, g)]
                 rows_b = min(c_rows + rows - 1, limit)
-                options.append(((1 + e) / (V(rows_b) + c_ms + n_ms), "copy+neural", d, g, rows_b))
+                options.append((damp * (1 + e) / (V(rows_b) + c_ms + n_ms), "copy+neural", d, g, rows_b))
         best = max(options, key=lambda o: o[0])
         explore = False
         if best[1] == "plain" and shapes:         # (confidence mode: its calibration learns from these too)
@@ -319,8 +323,8 @@ class CostAware:
     def outlook(self) -> dict | None:
         """Why the neural drafter does or does not pay here, from what the gate has learnt so far: for each chain
         length g, the expected tokens a step commits (1 + expected accepted) against the break-even, what that
-        step costs in plain steps ((verify ms of g+1 rows + the head's ms) / verify ms of one row). None without
-        a neural drafter."""
+        step costs in plain steps ((verify ms of g+1 rows + the head's ms) / verify ms of one row), times the
+        margin a neural draft must clear. None without a neural drafter."""
         if self.neural is None:
             return None
         v1 = self._verify_ms(1, 1 << 30)
@@ -329,10 +333,11 @@ class CostAware:
         chains = []
         for g in range(1, g_max + 1):
             cost = self._verify_ms(g + 1, 1 << 30) + self.neural_ms.get(g)
-            chains.append({"gamma": g, "expected_tokens": 1 + sum(reach[:g]), "break_even_tokens": cost / v1})
+            chains.append({"gamma": g, "expected_tokens": 1 + sum(reach[:g]),
+                           "break_even_tokens": (1 + self.neural_margin) * cost / v1})
         best = max(chains, key=lambda c: c["expected_tokens"] / c["break_even_tokens"])
         return {"p_first": self.neural_acc.p(1), "verify_ms_1": v1, "verify_ratio_2": self._verify_ms(2, 1 << 30) / v1,
-                "head_ms_1": self.neural_ms.get(1), "best": best, "chains": chains,
+                "head_ms_1": self.neural_ms.get(1), "margin": self.neural_margin, "best": best, "chains": chains,
                 "evidence": self.neural_acc.seen()}
 
     # -- learning --------------------------------------------------------------------------------------------
