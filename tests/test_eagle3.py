@@ -689,3 +689,21 @@ def test_confidence_gate_sampling_follows_the_target(target, trained_head):
     drafted = sum(e.path == "neural" for e in first_steps)
     accepted = sum(len(e.accepted) > 0 for e in first_steps)
     assert drafted > 0.5 * runs and accepted > 0.04 * runs, (drafted, accepted)
+
+
+def test_wide_forwards_through_a_float32_copy_stay_lossless(target, trained_head, monkeypatch):
+    """Where 16-bit arithmetic is emulated the head's catch-ups and tree levels run a float32 copy
+    (`wide_head`). Forced here on the float64 head: the copy is used, made once, and outputs equal vanilla."""
+    import switchsd.drafters.eagle3 as e3
+    monkeypatch.setattr(e3, "attention_dtype", lambda dtype, device: torch.float32 if dtype != torch.float32 else dtype)
+    calls = []
+    wide = e3.wide_head(trained_head)
+    assert wide is not None and wide is e3.wide_head(trained_head) and wide.fc.weight.dtype == torch.float32
+    monkeypatch.setattr(wide, "step", lambda *a, **k: calls.append(a[0].shape[1]) or type(wide).step(wide, *a, **k))
+    for chain in (True, False):
+        for seed in range(3):
+            ids = random_prompt(300 + seed, 6 + seed % 5)
+            res = eagle_engine(target, trained_head, chain, max_new=30).run(ids)
+            assert res.token_ids == greedy_reference(target, ids, 30, eos=None)
+    assert calls and min(calls) >= e3.WIDE_ROWS
+    object.__delattr__(trained_head, "_wide")

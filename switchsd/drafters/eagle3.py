@@ -12,6 +12,7 @@ draft. Draft-time K/V (from the head's own outputs) are temporary and dropped af
 """
 from __future__ import annotations
 
+import copy
 from typing import Callable, Sequence
 
 import torch
@@ -19,6 +20,7 @@ import torch
 from ..core.config import SamplingConfig, TreeConfig
 from ..core.drafting import Draft, DraftRequest
 from ..core.verify import target_probs
+from ..models.dense import attention_dtype
 from .eagle3_model import Eagle3Head
 
 
@@ -28,6 +30,23 @@ def target_dist(head: Eagle3Head, out: torch.Tensor, sampling: SamplingConfig, v
     q = torch.zeros(*q_draft.shape[:-1], vocab, dtype=q_draft.dtype, device=q_draft.device)
     idx = torch.arange(q_draft.shape[-1], device=q_draft.device) + head.d2t
     return q.index_copy_(-1, idx, q_draft)
+
+
+WIDE_ROWS = 8   # head forwards over this many rows or more may run a float32 copy (`wide_head`; 4 rows: a tie)
+
+
+def wide_head(head: Eagle3Head) -> Eagle3Head | None:
+    """A float32 copy of a 16-bit head on a CPU that only emulates 16-bit arithmetic (made once, kept on the
+    head), for its forwards over several rows: the catch-up over the positions fed since the head last drafted,
+    and the tree's levels. Emulated bfloat16 products grow with the rows (AVX2-only EPYC, the shipped head: a
+    128-position catch-up took 67 ms in bfloat16 and 12 ms in float32), while a one-row drafting step is cheaper
+    in bfloat16 (2.8 vs 4.9 ms), so chains keep the 16-bit head. None where the head's own dtype is fine."""
+    w = head.fc.weight
+    if attention_dtype(w.dtype, w.device) == w.dtype:
+        return None
+    if getattr(head, "_wide", None) is None:
+        object.__setattr__(head, "_wide", copy.deepcopy(head).float())     # not a submodule: no state_dict entry
+    return head._wide
 
 
 class Eagle3Drafter:
@@ -47,7 +66,20 @@ class Eagle3Drafter:
         # input to layer i == output of layer i-1 (the "mlp" site of layer i-1)
         self.sites = tuple((i - 1, "mlp") for i in self.layers)
         self.vocab = target.config.vocab_size
+        self.wide = wide_head(head)
         self.reset([])
+
+    def _step(self, emb: torch.Tensor, h: torch.Tensor, pos: torch.Tensor, k, v, mask):
+        """head.step over emb/h [1, n, H]; n >= WIDE_ROWS rows go through the float32 copy where there is one,
+        its outputs rounded back to the head's dtype (drafts only: verification decides what is kept)."""
+        n = emb.shape[1]
+        if self.wide is None or n < WIDE_ROWS:
+            return self.head.step(emb, h, pos, k, v, mask)
+        f = torch.float32
+        o, k1, v1 = self.wide.step(emb.to(f), h.to(f), pos, None if k is None else k.to(f),
+                                   None if v is None else v.to(f), mask)
+        dt = self.head.fc.weight.dtype
+        return o.to(dt), k1.to(dt), v1.to(dt)
 
     # -- protocol ------------------------------------------------------------------------------------------
     def reset(self, tokens: Sequence[int]) -> None:
@@ -80,10 +112,11 @@ class Eagle3Drafter:
         start, n = self.synced, g.shape[0]
         dev = g.device
         toks = torch.tensor(self.tokens[start + 1:start + 1 + n], device=self.embed.weight.device)
-        h = self.head.fc(g.to(self.head.fc.weight.dtype))[None]        # [1, n, H]
+        fc = (self.wide if self.wide is not None and n >= WIDE_ROWS else self.head).fc
+        h = fc(g.to(fc.weight.dtype)).to(self.head.fc.weight.dtype)[None]   # [1, n, H]
         emb = self._embed(toks)[None]                                   # [1, n, H]
         pos = torch.arange(start, start + n, device=dev)
-        out, k, v = self.head.step(emb, h, pos, self.k, self.v, None)
+        out, k, v = self._step(emb, h, pos, self.k, self.v, None)
         self.k = k if self.k is None else torch.cat([self.k, k], 2)
         self.v = v if self.v is None else torch.cat([self.v, v], 2)
         self.last_out = out[0, -1]
@@ -194,10 +227,11 @@ class Eagle3Drafter:
             pv = self.v if temp_v is None else torch.cat([self.v, temp_v], 2)
             emb = self._embed(f_tok)[None]                                     # [1, n_f, H]
             pos = torch.full((n_f,), base + d - 1, device=dev)
-            o, k1, v1 = self.head.step(emb, f_h[None], pos, pk, pv, mask)
+            o, k1, v1 = self._step(emb, f_h[None], pos, pk, pv, mask)
             temp_k = k1 if temp_k is None else torch.cat([temp_k, k1], 2)
             temp_v = v1 if temp_v is None else torch.cat([temp_v, v1], 2)
-            lp = torch.log_softmax(self.head.logits(o[0]).float(), -1)          # [n_f, Vd]
+            wide = self.wide if self.wide is not None and n_f >= WIDE_ROWS else None
+            lp = torch.log_softmax((wide or self.head).logits(o[0].to(torch.float32) if wide else o[0]).float(), -1)
             cand = lp.topk(K, -1)
             flat = (f_score[:, None] + cand.values).flatten()                   # [n_f * K] cumulative log-probs
             ids = self.head.to_target_ids(cand.indices).flatten()               # [n_f * K]

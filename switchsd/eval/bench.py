@@ -21,7 +21,7 @@ import re
 import statistics
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -139,7 +139,8 @@ def table(summary: dict) -> str:
     return "\n".join(rows)
 
 
-def main(argv=None) -> None:
+def parse(argv=None) -> tuple[argparse.Namespace, list[str], list[dict]]:
+    """The command line -> (args, methods with vanilla first, prompts); `error: ...` for anything malformed."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", required=True, choices=DATASETS)
     ap.add_argument("--data-file", default=None, help="JSONL file (required for --dataset jsonl)")
@@ -157,6 +158,7 @@ def main(argv=None) -> None:
     add_decode_args(ap)
     add_neural_args(ap)
     args = ap.parse_args(argv)
+    args.command = "python -m switchsd bench " + " ".join(argv if argv is not None else sys.argv[1:])
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if re.split(r"[@+]", m, maxsplit=1)[0] not in METHODS and m != "oracle"
            and m not in PEERS]
@@ -170,6 +172,23 @@ def main(argv=None) -> None:
         prompts = load_prompts(args.dataset, args.data_file, args.limit, args.category)
     except (ValueError, FileNotFoundError) as e:
         ap.error(str(e))
+    return args, methods, prompts
+
+
+@dataclass
+class BenchRun:
+    """What `run` measured: per method, one record per prompt (token ids and stats), and vanilla's tokens."""
+    lm: object
+    methods: list[str]
+    encoded: list[tuple]
+    records: dict[str, list[dict]]
+    vanilla_ids: dict
+    meta: dict
+
+
+def run(args: argparse.Namespace, methods: list[str], prompts: list[dict]) -> BenchRun:
+    """Every method on every prompt, interleaved prompt by prompt after a warm-up, resumable from
+    `--out`/partial.jsonl."""
     lm = load(args)
     budget, source = resolve_budget(args, lm)
     cfg = engine_config(args, budget)
@@ -178,7 +197,7 @@ def main(argv=None) -> None:
     encoded = [(p["id"], lm.encode(p["prompt"], chat=chat)) for p in prompts]
     too_long = [pid for pid, ids in encoded if len(ids) + 1 >= lm.max_length]
     if too_long:
-        ap.error(f"prompts longer than the model's context ({lm.max_length}): {too_long[:5]}")
+        raise SystemExit(f"error: prompts longer than the model's context ({lm.max_length}): {too_long[:5]}")
     neural = Neural(args, lm)
     eos = lm.eos_ids()
 
@@ -241,34 +260,41 @@ def main(argv=None) -> None:
         with open(out / "partial.jsonl", "a") as f:
             f.write(json.dumps({"id": pid, "records": row}) + "\n")
     bar.close()
-    summary = {m: aggregate(records[m], vanilla_ids) for m in methods}
+    meta = {"dataset": args.dataset, "n_prompts": len(encoded), "methods": methods, "model": lm.name,
+            "device": str(lm.device), "dtype": lm.precision, "chat": chat, "budget": budget,
+            "budget_source": source, "engine": asdict(cfg), "copy": asdict(copy_cfg),
+            "torch": torch.__version__, "platform": platform.platform(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": args.command}
+    return BenchRun(lm, methods, encoded, records, vanilla_ids, meta)
+
+
+def report(args: argparse.Namespace, r: BenchRun) -> None:
+    """results.json (then the near-ties explained in float32), table.md, the table and a JSON line on stdout."""
+    out, methods, records = Path(args.out), r.methods, r.records
+    summary = {m: aggregate(records[m], r.vanilla_ids) for m in methods}
     base = summary["vanilla"]["tok_s"]
     for s in summary.values():
         s["speedup"] = s["tok_s"] / base if base else 0.0
     if "oracle" in summary:
         for s in summary.values():
             s["of_oracle"] = s["speedup"] / summary["oracle"]["speedup"] if summary["oracle"]["speedup"] else 0.0
-    meta = {"dataset": args.dataset, "n_prompts": len(encoded), "methods": methods, "model": lm.name,
-            "device": str(lm.device), "dtype": lm.precision, "chat": chat, "budget": budget,
-            "budget_source": source, "engine": asdict(cfg), "copy": asdict(copy_cfg),
-            "torch": torch.__version__, "platform": platform.platform(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": "python -m switchsd bench " + " ".join(argv if argv is not None else sys.argv[1:])}
     # results first: the optional float32 re-scoring below may load a second copy of the target (and fail)
-    write_text_atomic(out / "results.json", json.dumps({"meta": meta, "summary": summary, "mismatches": None,
+    write_text_atomic(out / "results.json", json.dumps({"meta": r.meta, "summary": summary, "mismatches": None,
                                                         "records": records}, indent=1))
     try:
-        mismatches = _mismatches(args, lm, dict(encoded), records, vanilla_ids)
+        mismatches = _mismatches(args, r.lm, dict(r.encoded), records, r.vanilla_ids)
     except (RuntimeError, MemoryError, ModelLoadError) as e:      # e.g. out of memory: the results stand
         print(f"mismatch explanations skipped ({e.__class__.__name__}: {str(e)[:200]})", file=sys.stderr)
         mismatches = None
     if mismatches is not None:
-        write_text_atomic(out / "results.json", json.dumps({"meta": meta, "summary": summary,
+        write_text_atomic(out / "results.json", json.dumps({"meta": r.meta, "summary": summary,
                                                             "mismatches": mismatches, "records": records}, indent=1))
     md = table(summary)
-    (out / "table.md").write_text(f"{args.dataset}, {len(encoded)} prompts, {lm.name} on {lm.device} "
-                                  f"({lm.dtype}), budget {budget}, max_new_tokens {cfg.max_new_tokens}, "
-                                  f"T={cfg.sampling.temperature}\n\n{md}\n\n{summarize_mismatches(mismatches)}\n")
+    m = r.meta
+    (out / "table.md").write_text(f"{args.dataset}, {len(r.encoded)} prompts, {m['model']} on {m['device']} "
+                                  f"({r.lm.dtype}), budget {m['budget']}, max_new_tokens "
+                                  f"{m['engine']['max_new_tokens']}, T={m['engine']['sampling']['temperature']}"
+                                  f"\n\n{md}\n\n{summarize_mismatches(mismatches)}\n")
     print(md)
     print(json.dumps({"methods": {m: {"tok_s": round(s["tok_s"], 3), "speedup": round(s["speedup"], 3),
                                       "tok_per_fwd": round(s["tok_per_fwd"], 3), "identical": s["identical"], "n": s["n"],
@@ -276,6 +302,11 @@ def main(argv=None) -> None:
                                       "paths": {k: {"pct": round(v["pct"], 2), "mal": round(v["mal"], 3)}
                                                 for k, v in s["paths"].items()}}
                                   for m, s in summary.items()}}))
+
+
+def main(argv=None) -> None:
+    args, methods, prompts = parse(argv)
+    report(args, run(args, methods, prompts))
 
 
 if __name__ == "__main__":

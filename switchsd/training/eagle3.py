@@ -236,6 +236,68 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def init_head(args, lm, cfg: Eagle3Config, d2t: torch.Tensor, t2d: torch.Tensor, train: list,
+              coverage: float) -> tuple[Eagle3Head, Eagle3Config, torch.Tensor, float]:
+    """The head training starts from: regrown from --init on a new draft vocabulary, --init as it is, or new."""
+    tc = lm.model.config
+    if args.init and args.revocab:
+        head = regrown(args.init, lm.model, cfg, d2t, t2d)
+    elif args.init:
+        from ..drafters.eagle3_model import load_eagle3
+        head = load_eagle3(args.init, lm.model).float().requires_grad_(True).train()
+        cfg, t2d = head.config, head.t2d.clone()
+        counts = sum(torch.bincount(s["ids"][s["start"]:], minlength=tc.vocab_size) for s in train)
+        coverage = float(counts[t2d].sum() / counts.sum())
+    else:
+        head = Eagle3Head(cfg)
+        head.d2t.copy_(d2t)
+        head.t2d.copy_(t2d)
+        if args.lm_head_init == "target":
+            with torch.no_grad():
+                head.lm_head.weight.copy_(lm.model.get_output_embeddings().weight[t2d].float())
+    return head, cfg, t2d, coverage
+
+
+def train_loop(args, head: Eagle3Head, embed, teacher_w: torch.Tensor, train: list, val: list, opt, params: list,
+               sched, state: dict, total_steps: int, steps_per_epoch: int, dev_type: str, work: Path) -> None:
+    """TTT steps until `total_steps` (fitted to --time-budget after 10 steps), resumable: validation and a
+    checkpoint every --save-every steps."""
+    bar = tqdm(total=total_steps, initial=state["step"], desc="TTT training", unit="step")
+    epoch = state["step"] // steps_per_epoch
+    t_start, first = time.time(), state["step"]
+    while state["step"] < total_steps:
+        for bi, batch in enumerate(batches(train, args.tokens_per_batch, random.Random(args.seed + epoch))):
+            if epoch * steps_per_epoch + bi < state["step"]:
+                continue
+            if state["step"] >= total_steps:
+                break
+            for g in opt.param_groups:
+                g["lr"] = args.lr * sched(state["step"])
+            with torch.autocast(dev_type, dtype=torch.bfloat16, enabled=args.bf16):
+                loss, accs, _ = ttt_loss(head, embed, teacher_w, batch, args.ttt)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 0.5)
+            opt.step()
+            state["step"] += 1
+            bar.update()
+            if args.time_budget and state["step"] == first + 10:
+                # fit the schedule to the budget: the cosine ends when the time does (a lent accelerator's run)
+                per_step = (time.time() - t_start) / 10
+                fit = int((args.time_budget * 60 - 10 * per_step) / per_step)
+                total_steps = max(state["step"], min(total_steps, state["step"] + fit))
+                bar.total = total_steps
+                tqdm.write(f"{per_step:.3f} s/step: {total_steps} steps fit the {args.time_budget} min budget")
+            bar.set_postfix(loss=f"{loss.item():.3f}", acc0=f"{accs[0]:.3f}", accK=f"{accs[-1]:.3f}")
+            if state["step"] % args.save_every == 0 or state["step"] == total_steps:
+                vacc = val_agreement(head, embed, teacher_w, val[:args.val_limit], args, dev_type)
+                state["log"].append({"step": state["step"], "val_acc": vacc, "time": time.time()})
+                tqdm.write(f"step {state['step']}: val acc per TTT step {[round(a, 3) for a in vacc]}")
+                save_ckpt(work, head, opt, state)
+        epoch += 1
+    bar.close()
+
+
 def main(argv=None) -> None:
     args = parser().parse_args(argv)
     if args.bf16 is None:
@@ -270,21 +332,7 @@ def main(argv=None) -> None:
     d2t, t2d, coverage = build_vocab(train, args.draft_vocab, tc.vocab_size, data.extra_counts)
     val_counts = sum(torch.bincount(s["ids"][s["start"]:], minlength=tc.vocab_size) for s in val)
     cfg = Eagle3Config.for_target(tc, args.draft_vocab, args.rope_theta)
-    if args.init and args.revocab:
-        head = regrown(args.init, lm.model, cfg, d2t, t2d)
-    elif args.init:
-        from ..drafters.eagle3_model import load_eagle3
-        head = load_eagle3(args.init, lm.model).float().requires_grad_(True).train()
-        cfg, t2d = head.config, head.t2d.clone()
-        counts = sum(torch.bincount(s["ids"][s["start"]:], minlength=tc.vocab_size) for s in train)
-        coverage = float(counts[t2d].sum() / counts.sum())
-    else:
-        head = Eagle3Head(cfg)
-        head.d2t.copy_(d2t)
-        head.t2d.copy_(t2d)
-        if args.lm_head_init == "target":
-            with torch.no_grad():
-                head.lm_head.weight.copy_(lm.model.get_output_embeddings().weight[t2d].float())
+    head, cfg, t2d, coverage = init_head(args, lm, cfg, d2t, t2d, train, coverage)
     embed = lm.model.get_input_embeddings()
     teacher_w = lm.model.get_output_embeddings().weight[t2d].detach()          # [Vd, H], draft-id order
     params = [p for n, p in head.named_parameters()]
@@ -305,40 +353,8 @@ def main(argv=None) -> None:
           f"{100 * coverage:.2f}% of training and {100 * val_coverage:.2f}% of validation answer tokens; "
           f"{total_steps} steps")
     if args.stage in ("all", "train"):
-        bar = tqdm(total=total_steps, initial=state["step"], desc="TTT training", unit="step")
-        epoch = state["step"] // steps_per_epoch
-        t_start, first = time.time(), state["step"]
-        while state["step"] < total_steps:
-            for bi, batch in enumerate(batches(train, args.tokens_per_batch, random.Random(args.seed + epoch))):
-                if epoch * steps_per_epoch + bi < state["step"]:
-                    continue
-                if state["step"] >= total_steps:
-                    break
-                for g in opt.param_groups:
-                    g["lr"] = args.lr * sched(state["step"])
-                with torch.autocast(dev_type, dtype=torch.bfloat16, enabled=args.bf16):
-                    loss, accs, _ = ttt_loss(head, embed, teacher_w, batch, args.ttt)
-                opt.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 0.5)
-                opt.step()
-                state["step"] += 1
-                bar.update()
-                if args.time_budget and state["step"] == first + 10:
-                    # fit the schedule to the budget: the cosine ends when the time does (a lent accelerator's run)
-                    per_step = (time.time() - t_start) / 10
-                    fit = int((args.time_budget * 60 - 10 * per_step) / per_step)
-                    total_steps = max(state["step"], min(total_steps, state["step"] + fit))
-                    bar.total = total_steps
-                    tqdm.write(f"{per_step:.3f} s/step: {total_steps} steps fit the {args.time_budget} min budget")
-                bar.set_postfix(loss=f"{loss.item():.3f}", acc0=f"{accs[0]:.3f}", accK=f"{accs[-1]:.3f}")
-                if state["step"] % args.save_every == 0 or state["step"] == total_steps:
-                    vacc = val_agreement(head, embed, teacher_w, val[:args.val_limit], args, dev_type)
-                    state["log"].append({"step": state["step"], "val_acc": vacc, "time": time.time()})
-                    tqdm.write(f"step {state['step']}: val acc per TTT step {[round(a, 3) for a in vacc]}")
-                    save_ckpt(work, head, opt, state)
-            epoch += 1
-        bar.close()
+        train_loop(args, head, embed, teacher_w, train, val, opt, params, sched, state, total_steps,
+                   steps_per_epoch, dev_type, work)
     out = Path(args.out)
     save_eagle3(head, out, torch.bfloat16)
     final_val = val_agreement(head.eval(), embed, teacher_w, val, args, dev_type)

@@ -148,7 +148,7 @@ def export_answers(state: Path, out: Path) -> int:
     return len(rows)
 
 
-def main(argv=None) -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="target (default: offline SmolLM2-135M-Instruct)")
     ap.add_argument("--dtype", default=None, help="format the target answers in (default: bfloat16 on CPUs with "
@@ -176,14 +176,11 @@ def main(argv=None) -> None:
     ap.add_argument("--teacher-forced", type=int, default=0, metavar="N", help="instead of answering: features "
                     "over ShareGPT's own answers to N training prompts, taken from the end of the list (EAGLE-1's "
                     "data; split `tf`)")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    state = Path(args.state).expanduser()
-    state.mkdir(parents=True, exist_ok=True)
-    if args.export_answers:
-        print(f"{export_answers(state, Path(args.export_answers))} answers -> {args.export_answers}")
-        return
+    return ap
+
+
+def _prompts(args, state: Path, ap: argparse.ArgumentParser) -> list[dict]:
+    """The ShareGPT prompts (from the package, or as token ids exported before)."""
     if args.prompt_ids:
         if args.teacher_forced:
             ap.error("--teacher-forced needs ShareGPT's answers, which --prompt-ids does not hold")
@@ -196,13 +193,11 @@ def main(argv=None) -> None:
             prompts = sharegpt_prompts(cache=state)
         except MissingDataError as e:
             ap.error(str(e))
-    native = args.device.startswith("cuda") or cpu_has_native_bf16()
-    args.dtype = args.dtype or ("bfloat16" if native else "float32")
-    lm = load_model(args.model, dtype=args.dtype, device=args.device)
-    if args.export_prompt_ids:
-        out = Path(args.export_prompt_ids)
-        print(f"{export_prompt_ids(lm, prompts, out, args.val, args.answers, args.max_prompt)} prompts -> {out / PROMPT_IDS}")
-        return
+    return prompts
+
+
+def _work(args, lm, prompts: list[dict], state: Path):
+    """(items still to answer, the stream of (key, sample) that answers them, each key's split)."""
     done = done_keys(state, "tf" if args.teacher_forced else "train")
     if args.teacher_forced:
         want = [dict(p, split="tf") for p in prompts if p["split"] == "train"][::-1][:args.teacher_forced]
@@ -228,6 +223,11 @@ def main(argv=None) -> None:
         items = [(p["key"], ids) for p in todo if len(ids := prompt_ids(lm, p)) <= args.max_prompt]
         gen = Regenerator(lm, layers, args.slots, args.max_new_tokens, args.max_prompt)
         samples = gen.run(items)
+    return items, samples, split_of
+
+
+def _collect(args, state: Path, items: list, samples, split_of: dict) -> None:
+    """Write the answers shard by shard as they come, with the job's progress; `kill` keeps what is finished."""
     left = Counter(split_of[it[0]] for it in items)      # answers still to come per split: flush a finished split
     prog_path = state / ("progress_tf.json" if args.teacher_forced else "progress.json")
     prog = json.loads(prog_path.read_text()) if prog_path.exists() else {"tokens": 0, "prompt_tokens": 0,
@@ -281,6 +281,28 @@ def main(argv=None) -> None:
         save(split) if bufs[split] else None
     bar.close()
     print(json.dumps(prog), flush=True)
+
+
+def main(argv=None) -> None:
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    state = Path(args.state).expanduser()
+    state.mkdir(parents=True, exist_ok=True)
+    if args.export_answers:
+        print(f"{export_answers(state, Path(args.export_answers))} answers -> {args.export_answers}")
+        return
+    prompts = _prompts(args, state, ap)
+    native = args.device.startswith("cuda") or cpu_has_native_bf16()
+    args.dtype = args.dtype or ("bfloat16" if native else "float32")
+    lm = load_model(args.model, dtype=args.dtype, device=args.device)
+    if args.export_prompt_ids:
+        out = Path(args.export_prompt_ids)
+        print(f"{export_prompt_ids(lm, prompts, out, args.val, args.answers, args.max_prompt)} prompts -> {out / PROMPT_IDS}")
+        return
+    items, samples, split_of = _work(args, lm, prompts, state)
+    _collect(args, state, items, samples, split_of)
 
 
 def split_index(state: Path, split: str) -> list[tuple[int, Path, str, str]]:
