@@ -255,17 +255,17 @@ def test_survival_relax_fades_towards_the_prior():
     """A few misses push a path below break-even; each step it is passed over, its evidence fades by `factor`, so
     the estimate climbs back towards the prior (and the path is tried again) instead of staying shut."""
     s = Survival(prior=0.4, weight=2.0, decay=1.0)
-    for _ in range(6):
-        s.update(drafted=1, accepted=0)
+    for i in range(8):
+        s.update(drafted=1, accepted=int(i < 2))                     # 2 hits in 8
     low = s.p(1)
-    assert low == pytest.approx(0.8 / 8)
+    assert low == pytest.approx((2 + 0.8) / (8 + 2))
     seen = [low]
     for _ in range(200):
         s.relax(0.98)
         seen.append(s.p(1))
     assert all(b > a for a, b in zip(seen, seen[1:]))               # strictly back up, step by step
-    assert seen[-1] == pytest.approx((0.0 + 0.8) / (6 * 0.98 ** 200 + 2.0))
-    assert 0.35 < seen[-1] < 0.4                                     # nearly the prior, never above it
+    assert seen[-1] == pytest.approx((2 * 0.98 ** 200 + 0.8) / (8 * 0.98 ** 200 + 2.0))
+    assert 0.38 < seen[-1] < 0.4                                     # nearly the prior, never above it
 
 
 def test_calibration_learns_each_confidence_bin_apart():
