@@ -97,8 +97,8 @@ def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bo
     ref = (ref, why)
     clocks = {m: race_timeline(g) for m, g in runs.items()}
     end = max(ts[-1] for ts, _ in clocks.values() if ts)
-    how = (f"each lane: the median of {repeats} runs in rotated order, after a warm-up" if repeats > 1 else
-           "one run per lane, after a warm-up")
+    how = (f"each lane: its median of {repeats} runs in rotated rounds, after a warm-up; a speedup: the median "
+           f"of the same-round ratios" if repeats > 1 else "one run per lane, after a warm-up")
     t, step = 0.0, end / 40
     while True:
         t = min(end, t + step)
