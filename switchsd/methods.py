@@ -61,7 +61,8 @@ def build_policy(method: str, eos_ids: Sequence[int] = (), copy_cfg: CopyConfig 
         pld = PLDDrafter(lookup.pld_max_ngram, lookup.pld_tokens, eos_ids, candidates=gate.lookup_candidates) \
             if gate.lookup else None
         return CostAware(CopyDrafter(copy_cfg), neural, tau, cost, gate.explore, lookup=pld,
-                         confidence=gate.confidence, neural_margin=gate.neural_margin)
+                         confidence=gate.confidence, neural_margin=gate.neural_margin,
+                         neural_guess=gate.neural_guess)
     if method == "banditspec":
         if neural is None:
             raise ValueError("method 'banditspec' needs a neural drafter (--eagle HEAD)")
@@ -72,6 +73,6 @@ def build_policy(method: str, eos_ids: Sequence[int] = (), copy_cfg: CopyConfig 
                              f"({'--eagle HEAD' if method == 'eagle3' else '--draft MODEL'})")
         if uses_cost_gate(method, neural_cfg, gate):
             return CostAware(None, neural, None, cost, gate.explore, confidence=gate.confidence,
-                             neural_margin=gate.neural_margin)
+                             neural_margin=gate.neural_margin, neural_guess=gate.neural_guess)
         return Fixed([neural])
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")

@@ -89,8 +89,11 @@ def _probe(model, seed=0):
 
 
 def _cost_engine(model, draft_model, cost, max_new=24, sampling=SamplingConfig(), tau=0.0, gen=None):
+    """The cost gate without the neural margin and with a tiny draft model's small initial price (its gains
+    and costs are small): these tests exercise every path it can choose, the merged copy+neural trees included."""
     drafter = DraftModelDrafter(draft_model, VOCAB, gamma=3, sampling=sampling, generator=gen)
-    pol = build_policy("switchsd", (), CopyConfig(kappa=3), drafter, tau=tau, cost=cost)
+    pol = build_policy("switchsd", (), CopyConfig(kappa=3), drafter, tau=tau, cost=cost,
+                       gate=GateConfig(neural_margin=0.0, neural_guess=0.05))
     assert isinstance(pol, CostAware)
     cfg = EngineConfig(max_new_tokens=max_new, budget=12, sampling=sampling, stop_at_eos=False)
     return make_engine(model, pol, cfg, (), probe=_probe(model), cost=cost)

@@ -171,6 +171,9 @@ class GateConfig:
     # a neural draft runs only where it is expected to beat the other options by this share: its price (a head
     # step of ~4 ms beside a target step of 15-25 ms on a CPU, plus catch-up) is the least certain one the gate has
     neural_margin: float = 0.05
+    # until the neural drafter has been timed, its cost per token as a share of a target step: a head step on a
+    # CPU is a sizeable share (EAGLE-3: ~3-5 ms beside 15-25 ms), so no draft runs on an optimistic guess
+    neural_guess: float = 0.25
     bandit_c: float = 1.0      # BanditSpec's UCB exploration constant (method banditspec)
 
     def __post_init__(self):
@@ -182,6 +185,8 @@ class GateConfig:
             raise ValueError(f"explore must be in (0, 1), got {self.explore}")
         if self.kappa < 1:
             raise ValueError(f"kappa must be >= 1, got {self.kappa}")
+        if not (0.0 <= self.neural_guess < 10.0):
+            raise ValueError(f"neural_guess must be in [0, 10), got {self.neural_guess}")
         if not (0.0 <= self.neural_margin < 1.0):
             raise ValueError(f"neural_margin must be in [0, 1), got {self.neural_margin}")
         if self.lookup_candidates < 1:

@@ -163,7 +163,8 @@ class CostAware:
     Lossless: it only chooses drafts."""
 
     def __init__(self, copier, neural, tau: float | None, cost: VerifyCost, explore: float = 0.01,
-                 buckets: int = 4, lookup=None, confidence: bool = False, neural_margin: float = 0.0):
+                 buckets: int = 4, lookup=None, confidence: bool = False, neural_margin: float = 0.0,
+                 neural_guess: float = 0.25):
         self.copy, self.neural, self.lookup = copier, neural, lookup if copier is not None else None
         self.cost, self.explore = cost, float(explore)
         self.tau = None if tau is None else float(tau)
@@ -179,9 +180,8 @@ class CostAware:
         base = cost.ms(1)
         self.copy_ms = EmaTimer(guess_ms=0.002 * base)
         self.lookup_ms = EmaTimer(guess_ms=0.002 * base)
-        # a head step costs a sizeable share of a target step on a CPU (EAGLE-3: ~4 ms beside 15-25 ms): until
-        # the drafter has been timed, assume a quarter, so no draft runs on an optimistic guess
-        self.neural_ms = EmaTimer(guess_ms=0.25 * base)
+        # the neural drafter's ms per token until its first timed draft replaces it: `neural_guess` of a step
+        self.neural_ms = EmaTimer(guess_ms=neural_guess * base)
         self.neural_margin = float(neural_margin)
         self.scale = VerifyScale()           # measured verify time / calibrated curve, per row count
         self._curve: dict[tuple[int, int], float] = {}
