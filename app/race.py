@@ -36,9 +36,8 @@ RACE_LANES = (LaneSpec("vanilla", "vanilla"), LaneSpec("switchsd", "switchsd"), 
 _T = TreeConfig()
 NO_GATE = LaneSpec("eagle3 (no cost gate)", f"eagle3@tree{_T.top_k}x{_T.depth}x{_T.total_tokens}")
 RACE_REPEATS = 3
-# Pause between a progress frame and the next timed run: Gradio serialises and sends the frame on its event loop
-# and the page redraws while the handler goes on; without the pause that work overlaps the start of the next run
-# and steals a core from the model (short runs measured up to ~30% slower than the same run in `switchsd bench`).
+# Pause between a progress frame and the next timed run, so that Gradio's sending of the frame (on its event
+# loop) and the page's redraw happen before the run's clock starts rather than during it.
 SETTLE_S = float(os.environ.get("SWITCHSD_RACE_SETTLE_S", "0.3"))
 
 

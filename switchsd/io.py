@@ -23,9 +23,14 @@ def read_jsonl(path: str | Path, objects: bool = False, max_row_bytes: int = MAX
     rows = []
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rb") as f:                 # bytes, decoded line by line: errors name the right row
-        for i, raw in enumerate(f, 1):
+        # a line is read up to one byte past the limit, so a huge one is refused without reading it whole
+        for i, raw in enumerate(iter(lambda: f.readline(max_row_bytes + 1), b""), 1):
             if len(raw) > max_row_bytes:
-                raise ValueError(f"{path}: row {i} is {len(raw) / 2**20:.1f} MB, over the "
+                size, part = len(raw), raw
+                while part and not part.endswith(b"\n"):      # measure the rest of the row without keeping it
+                    part = f.readline(1 << 20)
+                    size += len(part)
+                raise ValueError(f"{path}: row {i} is {size / 2**20:.1f} MB, over the "
                                  f"{max_row_bytes / 2**20:.0f} MB a row may hold")
             try:
                 line = raw.decode("utf-8")

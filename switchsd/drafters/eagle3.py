@@ -13,6 +13,7 @@ draft. Draft-time K/V (from the head's own outputs) are temporary and dropped af
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Callable, Sequence
 
 import torch
@@ -36,17 +37,20 @@ WIDE_ROWS = 8   # head forwards over this many rows or more may run a float32 co
 
 
 def wide_head(head: Eagle3Head) -> Eagle3Head | None:
-    """A float32 copy of a 16-bit head on a CPU that only emulates 16-bit arithmetic (made once, kept on the
-    head), for its forwards over several rows: the catch-up over the positions fed since the head last drafted,
+    """A float32 copy of a 16-bit head on a CPU that only emulates 16-bit arithmetic (made once per head, kept
+    while the head lives), for its forwards over several rows: the catch-up over the positions fed since the head last drafted,
     and the tree's levels. Emulated bfloat16 products grow with the rows (AVX2-only EPYC, the shipped head: a
     128-position catch-up took 67 ms in bfloat16 and 12 ms in float32), while a one-row drafting step is cheaper
     in bfloat16 (2.8 vs 4.9 ms), so chains keep the 16-bit head. None where the head's own dtype is fine."""
     w = head.fc.weight
     if attention_dtype(w.dtype, w.device) == w.dtype:
         return None
-    if getattr(head, "_wide", None) is None:
-        object.__setattr__(head, "_wide", copy.deepcopy(head).float())     # not a submodule: no state_dict entry
-    return head._wide
+    if head not in _WIDE:
+        _WIDE[head] = copy.deepcopy(head).float()
+    return _WIDE[head]
+
+
+_WIDE: "weakref.WeakKeyDictionary[Eagle3Head, Eagle3Head]" = weakref.WeakKeyDictionary()
 
 
 class Eagle3Drafter:
@@ -69,14 +73,18 @@ class Eagle3Drafter:
         self.wide = wide_head(head)
         self.reset([])
 
+    def _for_rows(self, n: int) -> Eagle3Head | None:
+        """The float32 copy for a forward over n rows where it is faster (`wide_head`), else None."""
+        return self.wide if self.wide is not None and n >= WIDE_ROWS else None
+
     def _step(self, emb: torch.Tensor, h: torch.Tensor, pos: torch.Tensor, k, v, mask):
-        """head.step over emb/h [1, n, H]; n >= WIDE_ROWS rows go through the float32 copy where there is one,
-        its outputs rounded back to the head's dtype (drafts only: verification decides what is kept)."""
-        n = emb.shape[1]
-        if self.wide is None or n < WIDE_ROWS:
+        """head.step over emb/h [1, n, H], through the float32 copy where `_for_rows` says so, its outputs
+        rounded back to the head's dtype (drafts only: verification decides what is kept)."""
+        wide = self._for_rows(emb.shape[1])
+        if wide is None:
             return self.head.step(emb, h, pos, k, v, mask)
         f = torch.float32
-        o, k1, v1 = self.wide.step(emb.to(f), h.to(f), pos, None if k is None else k.to(f),
+        o, k1, v1 = wide.step(emb.to(f), h.to(f), pos, None if k is None else k.to(f),
                                    None if v is None else v.to(f), mask)
         dt = self.head.fc.weight.dtype
         return o.to(dt), k1.to(dt), v1.to(dt)
@@ -112,7 +120,7 @@ class Eagle3Drafter:
         start, n = self.synced, g.shape[0]
         dev = g.device
         toks = torch.tensor(self.tokens[start + 1:start + 1 + n], device=self.embed.weight.device)
-        fc = (self.wide if self.wide is not None and n >= WIDE_ROWS else self.head).fc
+        fc = (self._for_rows(n) or self.head).fc
         h = fc(g.to(fc.weight.dtype)).to(self.head.fc.weight.dtype)[None]   # [1, n, H]
         emb = self._embed(toks)[None]                                   # [1, n, H]
         pos = torch.arange(start, start + n, device=dev)
@@ -230,7 +238,7 @@ class Eagle3Drafter:
             o, k1, v1 = self._step(emb, f_h[None], pos, pk, pv, mask)
             temp_k = k1 if temp_k is None else torch.cat([temp_k, k1], 2)
             temp_v = v1 if temp_v is None else torch.cat([temp_v, v1], 2)
-            wide = self.wide if self.wide is not None and n_f >= WIDE_ROWS else None
+            wide = self._for_rows(n_f)
             lp = torch.log_softmax((wide or self.head).logits(o[0].to(torch.float32) if wide else o[0]).float(), -1)
             cand = lp.topk(K, -1)
             flat = (f_score[:, None] + cand.values).flatten()                   # [n_f * K] cumulative log-probs

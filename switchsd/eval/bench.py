@@ -36,6 +36,7 @@ from ..cli.common import (
     copy_config,
     engine_config,
     load,
+    load_prompt_file,
     resolve_budget,
 )
 from ..core.events import add_counts
@@ -45,7 +46,7 @@ from ..factory import make_engine
 from ..io import write_text_atomic
 from ..methods import METHODS
 from ..models.loading import ModelLoadError, gguf_model, gguf_path, load_model
-from .datasets import DATASETS, load_prompts
+from .datasets import DATASETS
 from .mismatch import explain, summarize_mismatches
 from .peers import PEERS, HFPeer, LlamaCppPeer, llama_cpp_missing
 
@@ -168,11 +169,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, list[str], list[dict]]:
         ap.error("hf-assisted needs --draft MODEL (a small model sharing the tokenizer)")
     # vanilla first: the reference for identity, speedup and the oracle's continuation
     methods = ["vanilla"] + [m for m in dict.fromkeys(methods) if m != "vanilla"]
-    try:
-        prompts = load_prompts(args.dataset, args.data_file, args.limit, args.category)
-    except (ValueError, FileNotFoundError) as e:
-        ap.error(str(e))
-    return args, methods, prompts
+    return args, methods, load_prompt_file(args, args.limit, args.category)
 
 
 @dataclass

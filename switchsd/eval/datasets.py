@@ -56,22 +56,23 @@ def _rows(path: Path) -> list[dict]:
     return rows
 
 
-def _text(path, i: int, row: dict, *keys: str) -> str:
-    """The first of `keys` the row holds, which must be a non-empty string."""
-    for k in keys:
-        if k in row:
-            v = row[k]
-            if not isinstance(v, str) or not v.strip():
-                raise ValueError(f"{path}: row {i} field {k!r} is {type(v).__name__}, not a non-empty string")
-            return v
-    raise ValueError(f"{path}: row {i} has no {' or '.join(repr(k) for k in keys)} field")
+def _string(path, i: int, name: str, v) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError(f"{path}: row {i} field {name!r} is {type(v).__name__}, not a non-empty string")
+    return v
+
+
+def _text(path, i: int, row: dict, key: str) -> str:
+    if key not in row:
+        raise ValueError(f"{path}: row {i} has no {key!r} field")
+    return _string(path, i, key, row[key])
 
 
 def _first_turn(path, i: int, row: dict) -> str:
     turns = row.get("turns")
     if not isinstance(turns, list) or not turns:
         raise ValueError(f"{path}: row {i} has no 'turns' list")
-    return _text(path, i, {"turns[0]": turns[0]}, "turns[0]")
+    return _string(path, i, "turns[0]", turns[0])
 
 
 def _question_id(path, i: int, row: dict) -> int:

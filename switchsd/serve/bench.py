@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..cli.common import add_model_args, load
+from ..cli.common import add_model_args, load, load_prompt_file
 from ..core.config import EngineConfig
-from ..eval.datasets import DATASETS, load_prompts
+from ..eval.datasets import DATASETS
 from ..factory import Drafters, SetupError, build_engine
 from ..io import write_text_atomic
 from .load import Req, arrivals, run_mode
@@ -96,10 +96,7 @@ def main(argv=None) -> None:
             ap.error(f"--{k.replace('_', '-')} must be >= 1")
     if args.psd_sub_batch is not None and args.psd_sub_batch < 1:
         ap.error("--psd-sub-batch must be >= 1")
-    try:
-        prompts = load_prompts(args.dataset, args.data_file, args.requests)
-    except (ValueError, FileNotFoundError) as e:
-        ap.error(str(e))
+    prompts = load_prompt_file(args, args.requests)
     lm = load(args)
     cfg = EngineConfig(max_new_tokens=args.max_new_tokens)
     chat = not args.no_chat and bool(getattr(lm.tokenizer, "chat_template", None))
