@@ -1,5 +1,5 @@
 """The Race tab's handler: several methods on one prompt, timed alike by switchsd.eval.race (a warm-up of every
-lane, rounds in rotated order, each lane's median run, one run at a time on the torch thread), then replayed on
+lane, then rounds in which the lanes take turns one step each on the torch thread, each lane's median run), then replayed on
 a common clock. Each lane says its speedup over vanilla, its paths, why a cost gate kept it plain, and whether
 its text equals vanilla's."""
 from __future__ import annotations
@@ -44,8 +44,9 @@ SETTLE_S = float(os.environ.get("SWITCHSD_RACE_SETTLE_S", "0.3"))
 def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bool = True, replay_speed: float = 4.0,
          dtype: str = "auto", repeats: int = RACE_REPEATS, no_gate: bool = False) -> Iterator[RaceFrame]:
     """Vanilla vs SwitchSD vs EAGLE3 vs CopySpec (and, on request, EAGLE3 without its cost gate) on one prompt,
-    timed alike (switchsd.eval.race: a warm-up first, `repeats` rounds in rotated order, each lane's median run;
-    one run at a time on the torch thread), then replayed on a common clock. Each lane shows its speedup over
+    timed alike (switchsd.eval.race: a warm-up first, then `repeats` rounds in which the lanes take turns one step
+    each on the torch thread, each lane's clock counting its own steps; each lane's median run), then replayed on
+    a common clock. Each lane shows its speedup over
     vanilla, its paths, why a cost gate kept it plain, and whether its text equals vanilla's; where it does not
     (bfloat16 near-ties), the badge names the first differing token and its float32 logit margin."""
     try:
@@ -96,8 +97,9 @@ def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bo
     ref = (ref, why)
     clocks = {m: race_timeline(g) for m, g in runs.items()}
     end = max(ts[-1] for ts, _ in clocks.values() if ts)
-    how = (f"each lane: its median of {repeats} runs in rotated rounds, after a warm-up; a speedup: the median "
-           f"of the same-round ratios" if repeats > 1 else "one run per lane, after a warm-up")
+    how = ("lanes took turns one step each, each lane's clock counting its own steps, after a warm-up"
+           + (f"; each lane: its median of {repeats} rounds; a speedup: the median of the same-round ratios"
+              if repeats > 1 else ""))
     t, step = 0.0, end / 40
     while True:
         t = min(end, t + step)

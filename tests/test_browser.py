@@ -77,7 +77,7 @@ LANE_STATS = re.compile(r"([\d.]+) tok/s(?: · ([\d.]+)x vanilla)? · ([\d.]+) t
 
 
 def test_race_speedups_hold(page):
-    """Race in the default format: every lane is warmed up and run in rotated rounds, so a lane that drafted
+    """Race in the default format: every lane is warmed up and the lanes take turns step by step, so a lane that drafted
     nothing (<= 1.02 tokens per forward) shows 0.95x-1.05x vanilla (a lane credited with a cold start or with
     another lane's slow steps would not); every lane lists its paths; EAGLE-3 says why its gate kept it plain."""
     from app.resources import Resources

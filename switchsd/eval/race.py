@@ -4,25 +4,31 @@
         ...   # progress lines (str), then one RaceResult
 
 Timing, so that a speedup on screen is one the method earned:
-- a warm-up before the first timed lane: every lane runs a short generation first (not timed), so no lane pays
-  the process's cold start (first forwards, allocator growth, the head's first call);
-- every lane is a fresh engine on the same model, run by the same `run` function (the caller's thread);
-- `repeats` rounds, the lane order rotated each round (a drift of the machine's speed hits every lane alike);
-  each lane shows its median run (by Tok/s); a speedup is the median over rounds of the lane's Tok/s over the
-  reference's in the same round (paired: a drift between rounds cancels);
-- one clock: a lane's Tok/s is its median run's tokens / wall time (the engine's own `Generation.stats`, as in
-  `switchsd bench`), and its replay timeline (`timeline`) ends at that same wall time.
+- a warm-up before the timed rounds: every lane runs a short generation first (not timed), so no lane pays the
+  process's cold start (first forwards, allocator growth, the head's first call);
+- every lane is a fresh engine on the same model, stepped by the same loop (`run_round`, on the caller's thread);
+- the lanes of a round take turns, one engine step each: a lane's clock runs only during its own steps, so a slow
+  spell of the machine (seconds long on a shared VM, longer than a whole run) falls on every lane alike instead
+  of on whichever lane was running;
+- the turn order is shuffled every cycle (seeded): a step runs a little slower after a step of a different method
+  (the CPU's caches and branch predictors hold that method's work), so no lane may always follow the same one;
+- `repeats` rounds; each lane shows its median run (by Tok/s); a speedup is the median over rounds of the lane's
+  Tok/s over the reference's in the same round;
+- one clock: a lane's Tok/s is its median run's tokens / the time of its own steps (prefill included, as the
+  wall time of `switchsd bench`), and its replay timeline (`timeline`) ends at that same time.
 """
 from __future__ import annotations
 
+import random
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 import torch
 
 from ..core.engine import Engine, Generation
-from ..core.events import StepEvent
+from ..core.events import StepEvent, summarize
 
 WARMUP_TOKENS = 8
 
@@ -66,8 +72,7 @@ class RaceResult:
     reference: str                  # the lane the speedups divide by (vanilla)
 
     def speedup(self, name: str) -> float:
-        """The median over rounds of this lane's Tok/s over the reference's in the same round: runs of one round
-        lie seconds apart, so a drift of the machine's speed between rounds cancels in each ratio."""
+        """The median over rounds of this lane's Tok/s over the reference's in the same round."""
         lane, ref = self.lanes[name].runs, self.lanes[self.reference].runs
         ratios = [a.stats["tok_s"] / b.stats["tok_s"] for a, b in zip(lane, ref) if b.stats["tok_s"] > 0]
         return statistics.median(ratios) if ratios else 0.0
@@ -75,66 +80,95 @@ class RaceResult:
 
 def timeline(run: Generation) -> tuple[list[float], list[int]]:
     """(seconds since the start at the end of each step, cumulative tokens) of one run, on the clock of its
-    Tok/s: step ends as the engine stamped them (`timings["end"]`), the last one being the run's wall time."""
+    Tok/s: step ends as stamped (`timings["end"]`), the last one being the run's wall time."""
     ts, ns, n = [], [], 0
     for e in run.events:
         n += len(e.new_tokens)
         ts.append(e.timings.get("end", 0.0))
         ns.append(n)
     if ts:
-        ts[-1] = run.stats["wall_s"]          # what the engine measured around the loop (a few µs later)
+        ts[-1] = run.stats["wall_s"]
     return ts, ns
+
+
+def run_round(engines: Sequence[Engine], ids: list[int], clock: Callable[[], float] = time.perf_counter,
+              seed: int = 0) -> list[tuple[Generation, dict | None]]:
+    """Run every engine to the end, taking turns one step each in an order shuffled every cycle (`seed`); returns
+    per engine its Generation (wall time = the time of its own steps; each step's `timings["end"]` restamped on
+    that clock) and its cost gate's outlook. The engines are closed at the end."""
+    shuffle = random.Random(seed)
+    gens = [e.generate(ids, torch.Generator().manual_seed(0)) for e in engines]
+    own = [0.0] * len(engines)
+    events: list[list[StepEvent]] = [[] for _ in engines]
+    live = list(range(len(engines)))
+    try:
+        while live:
+            for i in shuffle.sample(live, len(live)):
+                target = engines[i].target
+                target.attach()                 # only this lane's capture hooks fire during its step
+                t0 = clock()
+                event = next(gens[i], None)
+                if engines[i].device.type == "cuda":
+                    torch.cuda.synchronize()
+                own[i] += clock() - t0
+                target.close()
+                if event is None:
+                    live.remove(i)
+                    continue
+                event.timings["end"] = own[i]
+                events[i].append(event)
+        out = []
+        for engine, evs, wall in zip(engines, events, own):
+            outlook = getattr(engine.policy, "outlook", None)
+            tokens = [t for e in evs for t in e.new_tokens]
+            out.append((Generation(list(ids), tokens, evs, summarize(evs, wall)),
+                        outlook() if outlook is not None else None))
+        return out
+    finally:
+        for g, engine in zip(gens, engines):
+            g.close()
+            engine.close()
 
 
 def _direct(fn, *args):
     return fn(*args)
 
 
-def _timed(engine: Engine, ids: list[int]) -> tuple[Generation, dict | None]:
-    try:
-        g = engine.run(ids, torch.Generator().manual_seed(0))
-        outlook = getattr(engine.policy, "outlook", None)
-        return g, (outlook() if outlook is not None else None)
-    finally:
-        engine.close()
-
-
 def race(build: Callable[[LaneSpec, int], Engine], lanes: Sequence[LaneSpec], ids: list[int], max_new_tokens: int,
          repeats: int = 3, warmup_tokens: int = WARMUP_TOKENS, reference: str | None = None,
-         run: Callable = _direct, skip: Callable[[LaneSpec, Exception], bool] = lambda spec, e: False
-         ) -> Iterator[str | RaceResult]:
-    """Yields a progress line before each generation, then the RaceResult. `build(spec, max_new)` makes a fresh
-    engine; `run(fn, *args)` calls fn where the torch work belongs (the studio: its torch thread). A lane whose
-    build fails with an exception for which `skip(spec, e)` is true is left out (the others still race).
+         run: Callable = _direct, skip: Callable[[LaneSpec, Exception], bool] = lambda spec, e: False,
+         clock: Callable[[], float] = time.perf_counter) -> Iterator[str | RaceResult]:
+    """Yields a progress line before the warm-up and each round, then the RaceResult. `build(spec, max_new)` makes
+    a fresh engine; `run(fn, *args)` calls fn where the torch work belongs (the studio: its torch thread). A lane
+    whose build fails with an exception for which `skip(spec, e)` is true is left out (the others still race).
     `reference`: the lane speedups divide by (default: the first). `warmup_tokens=0` skips the warm-up (only to
-    show what it prevents: the first lane then pays the process's cold start)."""
+    show what it prevents: the lane that steps first then pays the process's cold start)."""
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     if not lanes:
         raise ValueError("a race needs at least one lane")
     reference = reference or lanes[0].name
     live: list[LaneSpec] = []
-    for spec in lanes:                         # warm-up: every lane once, short, untimed
-        if warmup_tokens > 0:
-            yield f"warming up {spec.name}…"
+    warm: list[Engine] = []
+    for spec in lanes:
         try:
-            engine = build(spec, max(1, min(warmup_tokens, max_new_tokens)))
+            warm.append(build(spec, max(1, min(warmup_tokens, max_new_tokens))))
         except Exception as e:
             if spec.name != reference and skip(spec, e):
                 continue
             raise
-        if warmup_tokens > 0:
-            run(_timed, engine, ids)
-        else:
-            engine.close()
         live.append(spec)
+    if warmup_tokens > 0:
+        yield "warming up every lane (a short run each, untimed)…"
+        run(run_round, warm, ids, clock, -1)
+    else:
+        for engine in warm:
+            engine.close()
     result = RaceResult({s.name: LaneResult(s) for s in live}, reference)
-    n = len(live)
     for r in range(repeats):
-        for i in range(n):
-            spec = live[(i + r) % n]           # rotated: each lane leads one round
-            yield f"round {r + 1}/{repeats}: {spec.name} ({i + 1}/{n})…"
-            g, outlook = run(_timed, build(spec, max_new_tokens), ids)
+        yield f"round {r + 1}/{repeats}: {len(live)} lanes taking turns, one step each…"
+        engines = [build(spec, max_new_tokens) for spec in live]
+        for spec, (g, outlook) in zip(live, run(run_round, engines, ids, clock, r)):
             result.lanes[spec.name].runs.append(g)
             result.lanes[spec.name].gates.append(outlook)
     yield result
