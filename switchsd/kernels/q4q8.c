@@ -1,0 +1,204 @@
+/* Q4_1 weights x Q8 activations: y[r, n] = sum_k w[n, k] x[r, k], every row computed alone (batch-invariant).
+
+Arithmetic ("q4q8", llama.cpp's for Q4_1 x Q8_1, with float32 scales):
+  weights, per block of 32 along k:   w = dw * q + mw           q in 0..15, dw and mw float16 (the GGUF's own)
+  activations, per row and block:     dx = max|x| / 127, q8 = rint(x / dx) in -127..127 (x * (1 / dx)),
+                                      sx = dx * sum(q8)          (float32)
+  per output, blocks b = 0, 1, ... in order:
+      acc = acc + (dw * dx) * float(sum_k q * q8)                (integer sum exact)
+      acc = acc + mw * sx
+  every product and sum rounded to float32 (compiled without contraction into fused multiply-adds).
+
+Each output's sum runs over its blocks in the same order whatever the number of rows in the call, on one thread:
+a k-row call returns, bit for bit, what k one-row calls would. Threads split the output columns.
+
+Weight layout (`q4q8_pack`): column groups of 8 outputs; per group and block, 128 bytes of codes then 8 dw and 8 mw
+(float16). Codes: 4 vectors of 32 bytes; byte 4c + j of vector h holds, in its low nibble, the code of output c at
+k = 8h + j and, in its high nibble, the code at k = 8h + 4 + j (c = 0..7, j = 0..3): unpacked, each 32-bit lane of a
+vector is 4 consecutive codes of one output, which vpmaddubsw multiplies by 4 broadcast activation bytes.
+*/
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __x86_64__
+#include <immintrin.h>
+#endif
+
+#define QK 32
+#define GROUP_COLS 8
+#define BLOCK_BYTES (QK * GROUP_COLS / 2 + 2 * GROUP_COLS * 2)   /* 128 codes + 16 dw + 16 mw = 160 */
+
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0) {
+        if (man == 0) bits = sign;
+        else {                                  /* subnormal: normalise */
+            int e = -1;
+            do { e++; man <<= 1; } while (!(man & 0x400));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3FF) << 13);
+        }
+    } else if (exp == 31) bits = sign | 0x7F800000 | (man << 13);
+    else bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* codes: uint8 [N, K] (0..15), dw, mw: uint16 (float16 bits) [N, K/32]; out: N/8 * K/32 * 160 bytes. */
+void q4q8_pack(const uint8_t *codes, const uint16_t *dw, const uint16_t *mw, int64_t n, int64_t k, uint8_t *out) {
+    int64_t nb = k / QK;
+    for (int64_t g = 0; g < n / GROUP_COLS; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *blk = out + (g * nb + b) * BLOCK_BYTES;
+            for (int h = 0; h < 4; h++)
+                for (int c = 0; c < GROUP_COLS; c++)
+                    for (int j = 0; j < 4; j++) {
+                        const uint8_t *row = codes + (g * GROUP_COLS + c) * k + b * QK;
+                        blk[h * 32 + 4 * c + j] = (uint8_t)((row[8 * h + j] & 0x0F) | ((row[8 * h + 4 + j] & 0x0F) << 4));
+                    }
+            uint16_t *s = (uint16_t *)(blk + 128);
+            for (int c = 0; c < GROUP_COLS; c++) {
+                s[c] = dw[(g * GROUP_COLS + c) * nb + b];
+                s[GROUP_COLS + c] = mw[(g * GROUP_COLS + c) * nb + b];
+            }
+        }
+}
+
+/* One row's activations -> int8 blocks q8 [K], dx [K/32], sx [K/32]. */
+static void quantize_row(const float *x, int64_t k, int8_t *q8, float *dx, float *sx) {
+    for (int64_t b = 0; b < k / QK; b++) {
+        const float *xb = x + b * QK;
+        float amax = 0.0f;
+        for (int i = 0; i < QK; i++) {
+            float a = fabsf(xb[i]);
+            amax = a > amax ? a : amax;
+        }
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < QK; i++) {
+            int q = (int)rintf(xb[i] * id);
+            q = q > 127 ? 127 : q < -127 ? -127 : q;
+            q8[b * QK + i] = (int8_t)q;
+            sum += q;
+        }
+        dx[b] = d;
+        sx[b] = d * (float)sum;
+    }
+}
+
+void q4q8_quantize(const float *x, int64_t rows, int64_t k, int8_t *q8, float *dx, float *sx) {
+    for (int64_t r = 0; r < rows; r++)
+        quantize_row(x + r * k, k, q8 + r * k, dx + r * (k / QK), sx + r * (k / QK));
+}
+
+/* The portable path: the same arithmetic, output by output. */
+static void group_scalar(const uint8_t *w, int64_t nb, const int8_t *q8, const float *dx, const float *sx,
+                         int64_t rows, int64_t k, float *y, int64_t n, int64_t g) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int c = 0; c < GROUP_COLS; c++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = w + b * BLOCK_BYTES;
+                const int8_t *xq = q8 + r * k + b * QK;
+                int isum = 0;
+                for (int h = 0; h < 4; h++)
+                    for (int j = 0; j < 4; j++) {
+                        uint8_t byte = blk[h * 32 + 4 * c + j];
+                        isum += (byte & 0x0F) * xq[8 * h + j] + (byte >> 4) * xq[8 * h + 4 + j];
+                    }
+                const uint16_t *s = (const uint16_t *)(blk + 128);
+                float dd = half_to_float(s[c]) * dx[r * nb + b];
+                float t = dd * (float)isum;
+                acc = acc + t;
+                float m = half_to_float(s[GROUP_COLS + c]) * sx[r * nb + b];
+                acc = acc + m;
+            }
+            y[r * n + g * GROUP_COLS + c] = acc;
+        }
+}
+
+#ifdef __x86_64__
+#define ROWS 4
+/* AVX2: 8 outputs x up to ROWS rows per pass over the group's blocks; codes unpacked once per pass. */
+__attribute__((target("avx2,fma,f16c")))
+static void group_avx2(const uint8_t *w, int64_t nb, const int8_t *q8, const float *dx, const float *sx,
+                       int64_t rows, int64_t k, float *y, int64_t n, int64_t g) {
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+        int nr = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
+        __m256 acc[ROWS];
+        for (int i = 0; i < ROWS; i++) acc[i] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = w + b * BLOCK_BYTES;
+            __m256i s16[ROWS];
+            for (int i = 0; i < ROWS; i++) s16[i] = _mm256_setzero_si256();
+            for (int h = 0; h < 4; h++) {
+                __m256i packed = _mm256_loadu_si256((const __m256i *)(blk + 32 * h));
+                __m256i lo = _mm256_and_si256(packed, low);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+                for (int i = 0; i < nr; i++) {
+                    const int8_t *xq = q8 + (r0 + i) * k + b * QK + 8 * h;
+                    int32_t a, c;
+                    memcpy(&a, xq, 4);
+                    memcpy(&c, xq + 4, 4);
+                    /* int16 sums of 16 products of |q8| <= 127 by q <= 15 stay below 32767 over a block */
+                    s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)));
+                    s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(c)));
+                }
+            }
+            const uint16_t *s = (const uint16_t *)(blk + 128);
+            __m256 dwv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s));
+            __m256 mwv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + GROUP_COLS)));
+            for (int i = 0; i < nr; i++) {
+                int64_t at = (r0 + i) * nb + b;
+                __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[i], ones));
+                __m256 t = _mm256_mul_ps(_mm256_mul_ps(dwv, _mm256_set1_ps(dx[at])), isum);
+                acc[i] = _mm256_add_ps(acc[i], t);
+                acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(mwv, _mm256_set1_ps(sx[at])));
+            }
+        }
+        for (int i = 0; i < nr; i++) _mm256_storeu_ps(y + (r0 + i) * n + g * GROUP_COLS, acc[i]);
+    }
+}
+
+static int have_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+#else
+static int have_avx2(void) { return 0; }
+#endif
+
+/* path: 0 = the best this CPU has, 1 = portable. Returns the path used (1 portable, 2 AVX2). */
+int q4q8_matmul_quantized(const uint8_t *w, const int8_t *q8, const float *dx, const float *sx, int64_t rows,
+                          int64_t n, int64_t k, float *y, int path) {
+    int64_t nb = k / QK, groups = n / GROUP_COLS;
+    int use = path == 1 ? 1 : (have_avx2() ? 2 : 1);
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *wg = w + g * nb * BLOCK_BYTES;
+#ifdef __x86_64__
+        if (use == 2) { group_avx2(wg, nb, q8, dx, sx, rows, k, y, n, g); continue; }
+#endif
+        group_scalar(wg, nb, q8, dx, sx, rows, k, y, n, g);
+    }
+    return use;
+}
+
+/* Quantize x [rows, K] float32 and multiply: y [rows, N]. Returns the path used, or -1 if out of memory. */
+int q4q8_matmul(const uint8_t *w, const float *x, int64_t rows, int64_t n, int64_t k, float *y, int path) {
+    int8_t *q8 = malloc((size_t)(rows * k));
+    float *dx = malloc(sizeof(float) * (size_t)(rows * (k / QK))), *sx = malloc(sizeof(float) * (size_t)(rows * (k / QK)));
+    int used = -1;
+    if (q8 && dx && sx) {
+        q4q8_quantize(x, rows, k, q8, dx, sx);
+        used = q4q8_matmul_quantized(w, q8, dx, sx, rows, n, k, y, path);
+    }
+    free(q8);
+    free(dx);
+    free(sx);
+    return used;
+}
+
+int q4q8_best_path(void) { return have_avx2() ? 2 : 1; }

@@ -1,0 +1,122 @@
+"""Q4_1 weights x Q8 activations on CPU: a batch-invariant product whose verify rows share the weight work.
+
+    lin = Q4Q8Linear(codes, dw, mw)      # codes uint8 [N, K] (0..15); dw, mw float16 [N, K/32]: w = dw * q + mw
+    y = lin(x)                           # x float32 [R, K] -> y float32 [R, N]; row r equals lin(x[r:r+1]) bit for bit
+
+The arithmetic (llama.cpp's for Q4_1 x Q8_1, float32 scales) is spelled out in q4q8.c and, in numpy, in
+`reference`; `tests/test_kernels.py` checks the kernel against it bit for bit.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+from .build import load
+
+QK = 32
+GROUP_COLS = 8
+BLOCK_BYTES = QK * GROUP_COLS // 2 + 2 * GROUP_COLS * 2
+PATHS = {"auto": 0, "portable": 1}
+PATH_NAMES = {1: "portable", 2: "avx2"}
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+
+
+def _lib() -> ctypes.CDLL:
+    lib = load("q4q8")
+    if not getattr(lib, "_typed", False):
+        lib.q4q8_pack.argtypes = [_P, _P, _P, _I, _I, _P]
+        lib.q4q8_matmul.argtypes = [_P, _P, _I, _I, _I, _P, ctypes.c_int]
+        lib.q4q8_matmul.restype = ctypes.c_int
+        lib.q4q8_best_path.restype = ctypes.c_int
+        lib._typed = True
+    return lib
+
+
+def best_path() -> str:
+    return PATH_NAMES[_lib().q4q8_best_path()]
+
+
+class Q4Q8Linear:
+    """y = x W^T with W in Q4_1 blocks (w = dw * q + mw per 32 along K), activations quantised to Q8 per row."""
+
+    def __init__(self, codes: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor, path: str = "auto"):
+        n, k = codes.shape
+        if k % QK or n % GROUP_COLS:
+            raise ValueError(f"q4q8 needs in_features % {QK} == 0 and out_features % {GROUP_COLS} == 0, got [{n}, {k}]")
+        if dw.shape != (n, k // QK) or mw.shape != (n, k // QK):
+            raise ValueError(f"scales must be [{n}, {k // QK}], got {tuple(dw.shape)} and {tuple(mw.shape)}")
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {sorted(PATHS)}, got {path!r}")
+        self.in_features, self.out_features, self.path = k, n, PATHS[path]
+        self.codes, self.dw, self.mw = codes.to(torch.uint8).contiguous(), dw.half().contiguous(), mw.half().contiguous()
+        self.packed = torch.empty(n // GROUP_COLS * (k // QK) * BLOCK_BYTES, dtype=torch.uint8)
+        _lib().q4q8_pack(self.codes.data_ptr(), self.dw.data_ptr(), self.mw.data_ptr(), n, k, self.packed.data_ptr())
+        self.lib = _lib()
+
+    @classmethod
+    def fuse(cls, parts: list["Q4Q8Linear"]) -> "Q4Q8Linear":
+        """One matrix [W1; W2; ...] (e.g. q|k|v): outputs stacked; each output's arithmetic unchanged."""
+        return cls(torch.cat([p.codes for p in parts]), torch.cat([p.dw for p in parts]),
+                   torch.cat([p.mw for p in parts]), next(k for k, v in PATHS.items() if v == parts[0].path))
+
+    def dequantized(self) -> torch.Tensor:
+        """W [N, K] float32 (dw * q + mw, as the GGUF de-quantiser gives it)."""
+        nb = self.in_features // QK
+        return (self.dw.float().repeat_interleave(QK, 1) * self.codes.float()
+                + self.mw.float().repeat_interleave(QK, 1)).reshape(self.out_features, nb * QK)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:                      # [..., K] -> [..., N] float32
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"expected [..., {self.in_features}], got {tuple(x.shape)}")
+        rows = x.numel() // self.in_features
+        x2 = x.reshape(rows, self.in_features).float().contiguous()
+        y = torch.empty(rows, self.out_features, dtype=torch.float32)
+        used = self.lib.q4q8_matmul(self.packed.data_ptr(), x2.data_ptr(), rows, self.out_features,
+                                    self.in_features, y.data_ptr(), self.path)
+        if used < 0:
+            raise MemoryError("q4q8: out of memory for the activations' blocks")
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def quantize_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x float32 [R, K] -> q8 int8 [R, K], dx, sx float32 [R, K/32], in numpy's float32 arithmetic."""
+    r, k = x.shape
+    xb = x.astype(np.float32).reshape(r, k // QK, QK)
+    d = np.abs(xb).max(-1) / np.float32(127)                                      # [R, nb]
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(xb * inv[..., None]), -127, 127).astype(np.int8)         # round half to even, as rintf
+    sx = (d * q.astype(np.int32).sum(-1).astype(np.float32)).astype(np.float32)
+    return q.reshape(r, k), d.astype(np.float32), sx
+
+
+def reference(codes: np.ndarray, dw: np.ndarray, mw: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The kernel's arithmetic in numpy (float32 operations, one rounding each): y float32 [R, N]."""
+    n, k = codes.shape
+    nb = k // QK
+    q8, dx, sx = quantize_reference(x)
+    isum = np.einsum("nbk,rbk->rnb", codes.reshape(n, nb, QK).astype(np.int32),
+                     q8.reshape(-1, nb, QK).astype(np.int32))                    # [R, N, nb], exact
+    dw, mw = dw.astype(np.float32), mw.astype(np.float32)
+    acc = np.zeros((x.shape[0], n), dtype=np.float32)
+    for b in range(nb):
+        acc = acc + (dw[None, :, b] * dx[:, None, b]) * isum[:, :, b].astype(np.float32)
+        acc = acc + mw[None, :, b] * sx[:, None, b]
+    return acc
+
+
+def gguf_blocks(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GGUF Q4_1 / Q4_0 blocks of an [N, K] matrix (raw uint8 [N, K/32 * block bytes]) -> codes uint8 [N, K],
+    dw, mw float16 [N, K/32] with w = dw * q + mw (Q4_0: w = d (q - 8), so mw = -8 d, exact in float16)."""
+    head = {"Q4_0": 2, "Q4_1": 4}[kind]
+    n = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(n, -1, head + 16)                     # [N, K/32, bytes]
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0] if kind == "Q4_1" else (d * np.float16(-8))
+    qs = blocks[..., head:]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, -1)           # low nibbles first
+    return torch.from_numpy(codes.copy()), torch.from_numpy(d.copy()), torch.from_numpy(m.copy())
