@@ -45,7 +45,8 @@ def load(name: str) -> ctypes.CDLL:
     src = HERE / f"{name}.c"
     cc = compiler()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    key = hashlib.sha256(src.read_bytes() + repr((version, FLAGS)).encode()).hexdigest()[:16]
+    sources = b"".join(f.read_bytes() for f in sorted(HERE.glob("*.c")))       # a kernel may include another
+    key = hashlib.sha256(src.read_bytes() + sources + repr((version, FLAGS)).encode()).hexdigest()[:16]
     out = cache_dir() / f"{name}-{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)

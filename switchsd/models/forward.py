@@ -76,7 +76,8 @@ class LeanTarget:
     kind = "lean"
 
     def __init__(self, model, sites: Iterable[Site] = ()):
-        self.model, self.lean = model, LeanLlama.of(model)
+        # the q4q8 format's forward (switchsd.models.q4q8) where the model carries one, else the lean forward
+        self.model, self.lean = model, getattr(model, "_switchsd_q4q8", None) or LeanLlama.of(model)
         self.sites = [(int(a), str(b)) for a, b in sites]
         for layer, where in self.sites:
             if not 0 <= layer < self.lean.n_layers:

@@ -27,6 +27,10 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 # rows a forward runs through the kernel; wider ones, prefills at least, run dense over the same weights).
 # int4-mixed: int4 for the narrowest steps only, wide verify forwards dense (the mixed plan).
 INT4 = {"int4": (torch.bfloat16, 32), "int4-float32": (torch.float32, 32), "int4-mixed": (torch.bfloat16, 4)}
+# q4q8: the GGUF's own Q4 weights x int8 activation blocks (llama.cpp's arithmetic), each forward one C call whose
+# rows share the weights' work and stay bit for bit one-row steps (switchsd.models.q4q8)
+Q4Q8 = "q4q8"
+GGUF_FORMATS = (*INT4, Q4Q8)
 # formats `auto` never picks: int4-mixed takes int4's very one-token path (so calibrate's one-token timing only tells
 # them apart by noise), its wide rows are not bit for bit int4's, and end to end it measured within noise of int4
 NOT_AUTO = ("int4-mixed",)
@@ -136,8 +140,10 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
         return auto_dtype(device)
     if dtype in INT4:
         return INT4[dtype][0]
+    if dtype == Q4Q8:
+        return torch.float32
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(set(DTYPES) | set(INT4))} or 'auto'")
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(set(DTYPES) | set(GGUF_FORMATS))} or 'auto'")
     return DTYPES[dtype]
 
 
@@ -206,7 +212,7 @@ def load_model(name: str | None = None, dtype: str | torch.dtype | None = "auto"
     if dtype in (None, "auto"):
         dtype = auto_format(device, int4_ok=gguf is not None and not device_map)
     torch_dtype = resolve_dtype(dtype, device)
-    int4 = isinstance(dtype, str) and dtype in INT4
+    int4 = isinstance(dtype, str) and dtype in GGUF_FORMATS
     source = _default_model_folder() if name == DEFAULT_MODEL else name
     if int4 and (gguf is None or device != "cpu" or device_map):
         raise ModelLoadError(f"--dtype {dtype} runs a model's own 4-bit GGUF groups on CPU: pass the offline default "
@@ -242,9 +248,13 @@ def load_model(name: str | None = None, dtype: str | torch.dtype | None = "auto"
     model.eval()
     model.requires_grad_(False)
     if int4:
-        from .int4 import swap_to_int4
         try:
-            swap_to_int4(model, gguf, INT4[dtype][1])
+            if dtype == Q4Q8:
+                from .q4q8 import Q4Q8Llama
+                model._switchsd_q4q8 = Q4Q8Llama.from_gguf(model, gguf)
+            else:
+                from .int4 import swap_to_int4
+                swap_to_int4(model, gguf, INT4[dtype][1])
         except ValueError as e:
             raise ModelLoadError(f"--dtype {dtype}: {e}") from e
         model._switchsd_format = dtype

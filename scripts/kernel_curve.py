@@ -1,0 +1,80 @@
+"""The model's matrix products alone, per verify width: q4q8 (switchsd/kernels) against torch's int4 kernel (the
+int4 format's products), the same GGUF weights, in one run on this machine.
+
+    python scripts/kernel_curve.py [--rows 1,2,4,8,16,32] [--reps 12]
+
+Per row count: milliseconds for all 30 layers' products (q|k|v, o, gate|up, down: 120 matrices fused to 120 calls),
+median of --reps, each format's own activations (q4q8: float32 in, int8 blocks inside; int4: bfloat16). The LAST
+line is JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from switchsd.kernels.q4q8 import Q4Q8Linear, best_path, gguf_blocks  # noqa: E402
+from switchsd.models.int4 import Int4Linear, q4_groups  # noqa: E402
+from switchsd.models.loading import gguf_path  # noqa: E402
+
+FUSED = {"qkv": ("attn_q", "attn_k", "attn_v"), "o": ("attn_output",), "gate_up": ("ffn_gate", "ffn_up"),
+         "down": ("ffn_down",)}
+
+
+def layers(fmt: str):
+    from gguf import GGUFReader
+    tensors = {t.name: t for t in GGUFReader(str(gguf_path(None))).tensors}
+    out = []
+    for i in range(30):
+        for parts in FUSED.values():
+            mats = []
+            for p in parts:
+                t = tensors[f"blk.{i}.{p}.weight"]
+                raw, kind = np.asarray(t.data), t.tensor_type.name
+                if fmt == "q4q8":
+                    mats.append(Q4Q8Linear(*gguf_blocks(raw, kind)))
+                else:
+                    mats.append(Int4Linear(*q4_groups(raw, kind), torch.bfloat16))
+            out.append((Q4Q8Linear if fmt == "q4q8" else Int4Linear).fuse(mats) if len(mats) > 1 else mats[0])
+    return out
+
+
+def time_all(mats, rows: int, dtype: torch.dtype, reps: int) -> float:
+    xs = {m.in_features: torch.randn(rows, m.in_features).to(dtype) for m in mats}
+    times = []
+    for _ in range(reps + 2):
+        t0 = time.perf_counter()
+        for m in mats:
+            m(xs[m.in_features])
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times[2:])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="1,2,4,8,16,32")
+    ap.add_argument("--reps", type=int, default=12)
+    a = ap.parse_args()
+    rows = [int(r) for r in a.rows.split(",")]
+    q4q8, int4 = layers("q4q8"), layers("int4")
+    print(f"threads {torch.get_num_threads()} · q4q8 path {best_path()}\n")
+    print("| rows | q4q8 ms | x its 1 row | int4 (bf16) ms | x its 1 row | q4q8 / int4 |\n|---|---|---|---|---|---|")
+    res = []
+    for r in rows:
+        a_ms, b_ms = time_all(q4q8, r, torch.float32, a.reps), time_all(int4, r, torch.bfloat16, a.reps)
+        res.append({"rows": r, "q4q8_ms": round(a_ms, 2), "int4_ms": round(b_ms, 2)})
+        print(f"| {r} | {a_ms:.2f} | {a_ms / res[0]['q4q8_ms']:.2f} | {b_ms:.2f} | {b_ms / res[0]['int4_ms']:.2f} | "
+              f"{a_ms / b_ms:.2f} |")
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

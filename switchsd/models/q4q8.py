@@ -1,0 +1,204 @@
+"""The q4q8 format: a Llama model's own GGUF 4-bit weights, every forward one call into C (switchsd/kernels/llama.c).
+
+    fwd = Q4Q8Llama.from_gguf(model, gguf_path)      # model: the same checkpoint loaded dense (embeddings, norms)
+    cache = fwd.new_cache(capacity)
+    logits, captured = fwd.forward(ids, cache, position_ids, mask, sites, logit_rows)     # as LeanLlama.forward
+
+Arithmetic: Q4_1 weights x Q8 activation blocks (llama.cpp's; switchsd/kernels/q4q8.c), the residual stream,
+norms, rotary and attention in float32, every row computed alone. So a verify forward's rows equal, bit for bit,
+the one-row steps of vanilla decoding in this format (chains and trees alike), and the verify rows share each
+weight block's work. The head: a Q8_0 matrix (the tied embedding of the offline GGUF) as the sum of its high and
+low nibbles' products, a Q4 head as one product.
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from ..kernels.build import load
+from ..kernels.q4q8 import PATHS, Q4Q8Linear, gguf_blocks
+from .int4 import _reverse_permute
+from .lean import StaticKVCache, supports
+
+Site = tuple[int, str]
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+PROJ = (("attn_q", "attn_k", "attn_v"), ("attn_output",), ("ffn_gate", "ffn_up"), ("ffn_down",))
+
+
+class Dims(ctypes.Structure):
+    _fields_ = [("d", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("inter", _I),
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("path", ctypes.c_int)]
+
+
+def _lib() -> ctypes.CDLL:
+    lib = load("llama")
+    if not getattr(lib, "_typed", False):
+        lib.llama_forward.argtypes = [ctypes.POINTER(Dims), _I, _P, _P, _P, _I, _P, _P, _I, _I, _P, _P, _P, _P, _P, _P]
+        lib.llama_forward.restype = ctypes.c_int
+        lib.llama_head.argtypes = [ctypes.POINTER(Dims), _P, _I, _P, _P, _P, _I, _P]
+        lib.llama_head.restype = ctypes.c_int
+        lib._typed = True
+    return lib
+
+
+def q8_nibbles(raw: np.ndarray) -> tuple[tuple, tuple]:
+    """GGUF Q8_0 blocks (w = d q, q int8) of an [N, K] matrix as two Q4 matrices whose sum is w: with u = q + 128 =
+    16 hi + lo, w = 16 d hi - 128 d + d lo (float16 scales exact: powers of two times d)."""
+    n = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(n, -1, 34)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]                             # [N, K/32]
+    u = (blocks[..., 2:].copy().view(np.int8).astype(np.int16) + 128).astype(np.uint8).reshape(n, -1)
+    hi = (torch.from_numpy(u >> 4), torch.from_numpy(d * np.float16(16)), torch.from_numpy(d * np.float16(-128)))
+    lo = (torch.from_numpy(u & 0x0F), torch.from_numpy(d.copy()), torch.from_numpy(np.zeros_like(d)))
+    return hi, lo
+
+
+class Q4Q8Llama:
+    """The target's forward in the q4q8 format (one C call per forward, one for the head)."""
+    kind = "q4q8"
+
+    def __init__(self, model, layers: list[list[Q4Q8Linear]], head: list[Q4Q8Linear], path: str = "auto"):
+        why = supports(model)
+        if why:
+            raise ValueError(f"the q4q8 forward does not support this model: {why}")
+        cfg, inner = model.config, model.model
+        self.config, self.n_layers = cfg, cfg.num_hidden_layers
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        if self.head_dim > 512 or self.head_dim % 2:
+            raise ValueError(f"q4q8: head_dim {self.head_dim} unsupported (even, at most 512)")
+        self.dtype, self.device, self.att_dtype = torch.float32, torch.device("cpu"), torch.float32
+        self.layers, self.head_parts, self.vocab = layers, head, head[0].out_features
+        self.dims = Dims(cfg.hidden_size, self.heads, self.kv_heads, self.head_dim, cfg.intermediate_size,
+                         float(cfg.rms_norm_eps), float(self.head_dim ** -0.5), PATHS[path])
+        f32 = lambda t: t.detach().float().contiguous()                             # noqa: E731
+        self.embed = f32(inner.embed_tokens.weight)                                  # [V, d]
+        self.norms = [f32(w) for layer in inner.layers for w in (layer.input_layernorm.weight,
+                                                                  layer.post_attention_layernorm.weight)]
+        self.norm = f32(inner.norm.weight)
+        self._w = (_P * (4 * self.n_layers))(*[m.packed.data_ptr() for layer in layers for m in layer])
+        self._n = (_P * (2 * self.n_layers))(*[t.data_ptr() for t in self.norms])
+        self.inv_freq = inner.rotary_emb.inv_freq.float().cpu()
+        self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
+        self._cos = self._sin = None
+        self.lib = _lib()
+
+    @classmethod
+    def from_gguf(cls, model, gguf_path: str | Path, path: str = "auto") -> "Q4Q8Llama":
+        from gguf import GGUFReader
+        tensors = {t.name: t for t in GGUFReader(str(gguf_path)).tensors}
+        cfg = model.config
+
+        def mat(name: str) -> Q4Q8Linear:
+            t = tensors.get(name)
+            if t is None:
+                raise ValueError(f"{gguf_path}: no tensor {name}")
+            if t.tensor_type.name not in ("Q4_0", "Q4_1"):
+                raise ValueError(f"{name} is {t.tensor_type.name}, not Q4_0 / Q4_1")
+            codes, dw, mw = gguf_blocks(np.asarray(t.data), t.tensor_type.name)
+            short = name.split(".")[2]
+            if short in ("attn_q", "attn_k"):            # llama.cpp stores the rotary halves interleaved
+                perm = _reverse_permute(codes.shape[0], cfg.num_attention_heads if short == "attn_q"
+                                        else cfg.num_key_value_heads)
+                codes, dw, mw = codes[perm], dw[perm], mw[perm]
+            return Q4Q8Linear(codes, dw, mw, path)
+
+        layers = [[Q4Q8Linear.fuse([mat(f"blk.{i}.{p}.weight") for p in parts]) if len(parts) > 1
+                   else mat(f"blk.{i}.{parts[0]}.weight") for parts in PROJ] for i in range(cfg.num_hidden_layers)]
+        t = tensors.get("output.weight") or tensors.get("token_embd.weight")
+        if t is None:
+            raise ValueError(f"{gguf_path}: no output or token_embd tensor for the head")
+        kind = t.tensor_type.name
+        if kind == "Q8_0":
+            head = [Q4Q8Linear(*h, path) for h in q8_nibbles(np.asarray(t.data))]
+        elif kind in ("Q4_0", "Q4_1"):
+            head = [Q4Q8Linear(*gguf_blocks(np.asarray(t.data), kind), path)]
+        else:
+            raise ValueError(f"the head is {kind}; q4q8 reads Q8_0, Q4_0 or Q4_1")
+        return cls(model, layers, head, path)
+
+    @classmethod
+    def quantized(cls, model, path: str = "auto") -> "Q4Q8Llama":
+        """A dense model's matrices quantised to Q4_1 blocks (`int4.quantize_groups`; lossy): a q4q8 model of its
+        own, for tests on tiny random models."""
+        from .int4 import quantize_groups
+
+        def mat(*linears) -> Q4Q8Linear:
+            parts = []
+            for lin in linears:
+                codes, d, zero = quantize_groups(lin.weight.detach().float())
+                parts.append(Q4Q8Linear(codes, d.half(), (zero - 8 * d).half(), path))
+            return Q4Q8Linear.fuse(parts) if len(parts) > 1 else parts[0]
+        layers = [[mat(b.self_attn.q_proj, b.self_attn.k_proj, b.self_attn.v_proj), mat(b.self_attn.o_proj),
+                   mat(b.mlp.gate_proj, b.mlp.up_proj), mat(b.mlp.down_proj)] for b in model.model.layers]
+        return cls(model, layers, [mat(model.lm_head)], path)
+
+    def new_cache(self, capacity: int) -> StaticKVCache:
+        return StaticKVCache(self.n_layers, self.kv_heads, self.head_dim, capacity, torch.float32, self.device)
+
+    def _rotary(self, need: int) -> None:
+        """cos and signed-sin tables [n, hd] for positions < need (float32; as lean._rotary computes them)."""
+        if self._cos is not None and need <= self._cos.shape[0]:
+            return
+        n = max(need, 2 * (0 if self._cos is None else self._cos.shape[0]), 256)
+        freqs = torch.arange(n).float()[:, None] * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos() * self.rope_scale, emb.sin() * self.rope_scale
+        half = sin.shape[-1] // 2
+        self._cos, self._sin = cos.contiguous(), torch.cat((-sin[:, :half], sin[:, half:]), -1).contiguous()
+
+    @staticmethod
+    def keys_seen(start: int, T: int, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(offsets [T + 1], positions) int32: row t attends the cache positions positions[off[t]:off[t + 1]]."""
+        if mask is None:
+            vis = torch.ones(T, start + T, dtype=torch.bool).tril(start)
+        else:
+            vis = (mask[0, 0] == 0 if mask.dtype != torch.bool else mask[0, 0]).cpu()   # [T, start + T]
+        rows, cols = vis.nonzero(as_tuple=True)                                      # row-major: ascending per row
+        off = torch.zeros(T + 1, dtype=torch.int32)
+        off[1:] = torch.bincount(rows, minlength=T).cumsum(0)
+        return off, cols.to(torch.int32).contiguous()
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, cache: StaticKVCache, position_ids: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, sites: Iterable[Site] = (), logit_rows: int | None = None
+                ) -> tuple[torch.Tensor, dict[Site, torch.Tensor]]:
+        """ids [1, T] after the cache's `len` positions; mask None (causal) or [1, 1, T, len + T] (additive or bool).
+        Returns logits [R, V] for the first `logit_rows` rows (None: all; -1: the last) and {site: [1, T, d]}."""
+        T, start = ids.shape[1], len(cache)
+        end = start + T
+        cache.reserve(end)
+        pos = (torch.arange(start, end) if position_ids is None else position_ids[0].cpu()).long()
+        self._rotary(max(int(pos.max()) + 1, cache.capacity))
+        cos, sin = self._cos[pos].contiguous(), self._sin[pos].contiguous()          # [T, hd]
+        off, keys = self.keys_seen(start, T, mask)
+        want = sorted({(int(a), str(b)) for a, b in sites})
+        for layer, where in want:
+            if not 0 <= layer < self.n_layers or where not in ("attn", "mlp"):
+                raise ValueError(f"capture site {(layer, where)} out of range")
+        flags = torch.zeros(2 * self.n_layers, dtype=torch.int32)
+        for layer, where in want:
+            flags[2 * layer + (where == "mlp")] = 1
+        d = self.dims.d
+        captured = torch.empty(len(want), T, d)
+        x = self.embed[ids[0].cpu()].contiguous()                                     # [T, d]
+        rc = self.lib.llama_forward(ctypes.byref(self.dims), self.n_layers, self._w, self._n, x.data_ptr(), T,
+                                    cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity, start, cos.data_ptr(),
+                                    sin.data_ptr(), off.data_ptr(), keys.data_ptr(), flags.data_ptr(),
+                                    captured.data_ptr())
+        if rc:
+            raise MemoryError("q4q8 forward: out of memory")
+        cache.length = end
+        x = (x[-1:] if logit_rows == -1 else x[:logit_rows]).contiguous()
+        logits = torch.empty(x.shape[0], self.vocab)
+        hi, lo = self.head_parts[0], (self.head_parts[1] if len(self.head_parts) > 1 else None)
+        rc = self.lib.llama_head(ctypes.byref(self.dims), x.data_ptr(), x.shape[0], self.norm.data_ptr(),
+                                 hi.packed.data_ptr(), lo.packed.data_ptr() if lo is not None else None, self.vocab,
+                                 logits.data_ptr())
+        if rc:
+            raise MemoryError("q4q8 head: out of memory")
+        return logits, {site: captured[i][None] for i, site in enumerate(want)}

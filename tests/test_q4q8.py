@@ -1,0 +1,113 @@
+"""The q4q8 format (switchsd/models/q4q8.py, one C call per forward): a verify forward's rows, chains and trees, equal
+bit for bit the one-row steps of vanilla decoding, so every method's greedy output equals q4q8 vanilla's; the
+forward stays close to the dense model it quantises; the offline model decodes in it."""
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import STANDALONE_METHODS, make_tiny_model, method_engine, random_prompt, repetitive_prompt
+
+from switchsd.core.tree import build_tree, tree_mask, tree_positions
+from switchsd.models.q4q8 import Q4Q8Llama
+
+SITES = [(0, "attn"), (1, "mlp")]
+
+
+def _tiny(seed: int = 0):
+    model = make_tiny_model(seed)
+    model._switchsd_q4q8 = Q4Q8Llama.quantized(model)
+    model._switchsd_format = "q4q8"
+    return model
+
+
+def _steps(fwd: Q4Q8Llama, prompt: list[int], tokens: list[int]):
+    """Logits and captured states of one-row steps over `tokens` after `prompt`."""
+    cache = fwd.new_cache(64)
+    fwd.forward(torch.tensor([prompt]), cache)
+    out, caps = [], []
+    for t in tokens:
+        lg, cap = fwd.forward(torch.tensor([[t]]), cache, sites=SITES)
+        out.append(lg)
+        caps.append(torch.cat([cap[s][0] for s in SITES], -1))
+    return torch.cat(out), torch.cat(caps)
+
+
+def test_a_chain_forward_is_its_one_row_steps_bit_for_bit():
+    fwd = _tiny()._switchsd_q4q8
+    prompt, chain = random_prompt(1, 10), random_prompt(2, 9)
+    ref, ref_caps = _steps(fwd, prompt, chain)
+    cache = fwd.new_cache(64)
+    fwd.forward(torch.tensor([prompt]), cache)
+    lg, cap = fwd.forward(torch.tensor([chain]), cache, sites=SITES)
+    assert torch.equal(lg, ref)
+    assert torch.equal(torch.cat([cap[s][0] for s in SITES], -1), ref_caps)
+
+
+def test_a_tree_forward_is_each_paths_one_row_steps_bit_for_bit():
+    fwd = _tiny(1)._switchsd_q4q8
+    prompt = random_prompt(3, 12)
+    pending = prompt[-1]
+    cands = [[5, 6, 7], [5, 9], [11, 12, 13, 14]]
+    tree = build_tree(pending, cands, 32, None, max_depth=8)
+    cache = fwd.new_cache(64)
+    fwd.forward(torch.tensor([prompt[:-1]]), cache)
+    start = len(cache)
+    mask = tree_mask(tree, start, torch.float32, torch.device("cpu"), 0)
+    pos = tree_positions(tree, start, torch.device("cpu"), 0)
+    lg, _ = fwd.forward(torch.tensor([tree.tokens]), cache, pos, mask)
+    for rows in tree.cand_rows:
+        path = [0] + list(rows)
+        ref, _ = _steps(fwd, prompt[:-1], [tree.tokens[r] for r in path])
+        assert torch.equal(lg[path], ref), path
+
+
+def test_bit_checks_bite():
+    """The negative control: the same chain one row later (a shifted position) changes the logits' bits, so the
+    equalities above see a row computed with other inputs."""
+    fwd = _tiny()._switchsd_q4q8
+    prompt, chain = random_prompt(1, 10), random_prompt(2, 4)
+    ref, _ = _steps(fwd, prompt, chain)
+    cache = fwd.new_cache(64)
+    fwd.forward(torch.tensor([prompt + [7]]), cache)
+    lg, _ = fwd.forward(torch.tensor([chain]), cache)
+    assert not torch.equal(lg, ref)
+
+
+def test_close_to_the_dense_model():
+    """Quantisation moves the logits (4-bit weights, 8-bit activations) but keeps them near the dense model's."""
+    model = _tiny()
+    prompt = random_prompt(4, 16)
+    cache = model._switchsd_q4q8.new_cache(64)
+    lg, _ = model._switchsd_q4q8.forward(torch.tensor([prompt]), cache)
+    with torch.inference_mode():
+        dense = model(torch.tensor([prompt])).logits[0].float()
+    err = (lg - dense).abs().max() / dense.abs().max()
+    assert 0 < err < 0.25, err
+
+
+@pytest.mark.parametrize("method", [m for m in STANDALONE_METHODS if m not in ("oracle",)])
+def test_tiny_q4q8_model_every_method_equals_its_own_vanilla(method):
+    model = _tiny()
+    for seed, prompt in enumerate([random_prompt(3, 12), repetitive_prompt(4)]):
+        ref = method_engine(model, "vanilla", max_new_tokens=24).run(prompt).token_ids
+        got = method_engine(model, method, max_new_tokens=24).run(prompt).token_ids
+        assert got == ref, f"{method} parts from vanilla on prompt {seed}"
+
+
+@pytest.mark.real
+def test_real_model_q4q8_decodes_and_methods_equal_its_vanilla():
+    from switchsd.core.config import EngineConfig
+    from switchsd.factory import Drafters, build_engine
+    from switchsd.models.loading import ModelLoadError, load_model
+    try:
+        lm = load_model(dtype="q4q8", device="cpu")
+    except ModelLoadError as e:  # pragma: no cover - depends on the environment
+        pytest.skip(str(e))
+    assert lm.precision == "q4q8"
+    cfg = EngineConfig(max_new_tokens=48)
+    drafters = Drafters(lm)
+    ids = lm.encode("Repeat exactly: def add(a, b): return a + b  # the quick brown fox", chat=True)
+    ref = build_engine("vanilla", lm, drafters, cfg).run(ids).token_ids
+    assert "def add" in lm.tokenizer.decode(ref)
+    for method in ("switchsd", "eagle3", "pld", "copyspec"):
+        assert build_engine(method, lm, drafters, cfg).run(ids).token_ids == ref, method
