@@ -1,10 +1,10 @@
-"""The model's matrix products alone, per verify width: q4q8 (switchsd/kernels) against torch's int4 kernel (the
-int4 format's products), the same GGUF weights, in one run on this machine.
+"""Verify cost per width, q4q8 against int4 (the same GGUF weights), in one run on this machine.
 
     python scripts/kernel_curve.py [--rows 1,2,4,8,16,32] [--reps 12]
 
-Per row count: milliseconds for all 30 layers' products (q|k|v, o, gate|up, down: 120 matrices fused to 120 calls),
-median of --reps, each format's own activations (q4q8: float32 in, int8 blocks inside; int4: bfloat16). The LAST
+Two tables, median of --reps each: (1) the 30 layers' matrix products alone (q|k|v, o, gate|up, down: 120 fused
+calls; q4q8 takes float32 and quantises to int8 blocks inside, int4 takes bfloat16); (2) the whole target forward
+(the engine's: layers, attention, head) of R new rows on a 256-token cached prefix, logits for every row. The LAST
 line is JSON.
 """
 from __future__ import annotations
@@ -58,6 +58,27 @@ def time_all(mats, rows: int, dtype: torch.dtype, reps: int) -> float:
     return 1e3 * statistics.median(times[2:])
 
 
+def forward_ms(dtype: str, rows: list[int], reps: int) -> dict[int, float]:
+    from switchsd.models.forward import make_target
+    from switchsd.models.loading import load_model
+    lm = load_model(dtype=dtype, device="cpu")
+    target = make_target(lm.model, [], "lean")
+    prefix = torch.randint(100, 40000, (1, 256), generator=torch.Generator().manual_seed(0))
+    cache = target.new_cache(256 + 40)
+    target.forward(prefix, cache, logit_rows=-1)
+    out = {}
+    for r in rows:
+        ids = prefix[:, :r]
+        times = []
+        for _ in range(reps + 2):
+            cache.crop(256)
+            t0 = time.perf_counter()
+            target.forward(ids, cache, logit_rows=r)
+            times.append(time.perf_counter() - t0)
+        out[r] = 1e3 * statistics.median(times[2:])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="1,2,4,8,16,32")
@@ -73,6 +94,13 @@ def main() -> None:
         res.append({"rows": r, "q4q8_ms": round(a_ms, 2), "int4_ms": round(b_ms, 2)})
         print(f"| {r} | {a_ms:.2f} | {a_ms / res[0]['q4q8_ms']:.2f} | {b_ms:.2f} | {b_ms / res[0]['int4_ms']:.2f} | "
               f"{a_ms / b_ms:.2f} |")
+    full = {fmt: forward_ms(fmt, rows, a.reps) for fmt in ("q4q8", "int4")}
+    print("\n| rows | q4q8 forward ms | x its 1 row | int4 forward ms | x its 1 row | q4q8 / int4 |\n|---|---|---|---|---|---|")
+    for i, r in enumerate(rows):
+        q, n = full["q4q8"][r], full["int4"][r]
+        res[i].update(q4q8_forward_ms=round(q, 2), int4_forward_ms=round(n, 2))
+        print(f"| {r} | {q:.2f} | {q / full['q4q8'][rows[0]]:.2f} | {n:.2f} | {n / full['int4'][rows[0]]:.2f} | "
+              f"{q / n:.2f} |")
     print(json.dumps(res))
 
 

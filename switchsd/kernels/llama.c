@@ -4,7 +4,8 @@ Per layer, per row (x the residual stream, float32):
   h = rms(x) * norm1        rms: r = 1 / sqrtf(sum(x_i^2) / d + eps), h_i = norm1_i * (x_i * r), sums in order
   q|k|v = q4q8(h)           (q4q8.c); q and k rotated: y_i = x_i cos_i + x_{i+-hd/2} sin_i (sin signed, per row)
   k, v -> the cache at the row's position
-  attention, per head, over the keys the row sees (ascending positions): s_j = (q . k_j) * scale;
+  attention, per head, over the keys the row sees (ascending positions): s_j = (q . k_j) * scale (the dot
+      product as 8 lane sums and a fixed tree, `dot8`);
       m = max s; p_j = expf(s_j - m); o = (sum_j p_j v_j) / (sum_j p_j), sums in order
   x = x + q4q8(o)           [capture "attn"]
   g|u = q4q8(rms(x) * norm2); x = x + q4q8(g / (1 + expf(-g)) * u)     [capture "mlp"]
@@ -47,15 +48,21 @@ static void rotate(float *x, const float *cos, const float *sin, int64_t hd) {
     }
 }
 
+/* q . k over hd (a multiple of 8) as 8 lane sums, then a fixed tree: the same order on every path (the compiler
+   turns the lane loop into vector code where it can; no contraction into fused multiply-adds). */
+static inline float dot8(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t i = 0; i < n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] = acc[j] + a[i + j] * b[i + j];
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
 /* One row's attention for one head over `n` keys at cache positions `pos`. kc, vc: [cap, hd] of its kv head. */
 static void attend(const float *q, const float *kc, const float *vc, const int32_t *pos, int64_t n, int64_t hd,
                    float scale, float *scores, float *out) {
     float m = -INFINITY;
     for (int64_t j = 0; j < n; j++) {
-        const float *k = kc + (int64_t)pos[j] * hd;
-        float s = 0.0f;
-        for (int64_t i = 0; i < hd; i++) s = s + q[i] * k[i];
-        s = s * scale;
+        float s = dot8(q, kc + (int64_t)pos[j] * hd, hd) * scale;
         scores[j] = s;
         m = s > m ? s : m;
     }

@@ -69,8 +69,8 @@ class Q4Q8Llama:
         self.config, self.n_layers = cfg, cfg.num_hidden_layers
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        if self.head_dim > 512 or self.head_dim % 2:
-            raise ValueError(f"q4q8: head_dim {self.head_dim} unsupported (even, at most 512)")
+        if self.head_dim > 512 or self.head_dim % 8:
+            raise ValueError(f"q4q8: head_dim {self.head_dim} unsupported (a multiple of 8, at most 512)")
         self.dtype, self.device, self.att_dtype = torch.float32, torch.device("cpu"), torch.float32
         self.layers, self.head_parts, self.vocab = layers, head, head[0].out_features
         self.dims = Dims(cfg.hidden_size, self.heads, self.kv_heads, self.head_dim, cfg.intermediate_size,
