@@ -79,6 +79,29 @@ def forward_ms(dtype: str, rows: list[int], reps: int) -> dict[int, float]:
     return out
 
 
+def llama_cpp_ms(rows: list[int], reps: int) -> dict[int, float] | None:
+    """llama.cpp (llama-cpp-python, if installed) on the same GGUF: eval of R tokens after the same 256-token prefix,
+    logits for every row (what a verify needs), same threads."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(model_path=str(gguf_path(None)), n_ctx=512, n_threads=torch.get_num_threads(),
+                n_threads_batch=torch.get_num_threads(), logits_all=True, verbose=False)
+    prefix = torch.randint(100, 40000, (256,), generator=torch.Generator().manual_seed(0)).tolist()
+    llm.eval(prefix)
+    out = {}
+    for r in rows:
+        times = []
+        for _ in range(reps + 2):
+            llm.n_tokens = 256                   # eval drops the cache past n_tokens first
+            t0 = time.perf_counter()
+            llm.eval(prefix[:r])
+            times.append(time.perf_counter() - t0)
+        out[r] = 1e3 * statistics.median(times[2:])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="1,2,4,8,16,32")
@@ -101,6 +124,12 @@ def main() -> None:
         res[i].update(q4q8_forward_ms=round(q, 2), int4_forward_ms=round(n, 2))
         print(f"| {r} | {q:.2f} | {q / full['q4q8'][rows[0]]:.2f} | {n:.2f} | {n / full['int4'][rows[0]]:.2f} | "
               f"{q / n:.2f} |")
+    cpp = llama_cpp_ms(rows, a.reps)
+    if cpp:
+        print("\n| rows | llama.cpp ms | x its 1 row | q4q8 forward / llama.cpp |\n|---|---|---|---|")
+        for i, r in enumerate(rows):
+            res[i]["llama_cpp_ms"] = round(cpp[r], 2)
+            print(f"| {r} | {cpp[r]:.2f} | {cpp[r] / cpp[rows[0]]:.2f} | {full['q4q8'][r] / cpp[r]:.2f} |")
     print(json.dumps(res))
 
 

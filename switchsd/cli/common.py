@@ -45,7 +45,9 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
                          "switchsd calibrate` measured, else bfloat16 with native bf16, else float32) | float32 "
                          "(token-for-token identical to vanilla) | bfloat16 | int4 (CPU, GGUF models: the file's own "
                          "4-bit groups, bfloat16 activations) | int4-float32 (the same, float32 activations) | "
-                         "int4-mixed (int4 for steps of up to 4 rows, wider verify forwards dense)")
+                         "int4-mixed (int4 for steps of up to 4 rows, wider verify forwards dense) | q4q8 (CPU, GGUF "
+                         "models: 4-bit weights x 8-bit activation blocks, llama.cpp's arithmetic, each forward one "
+                         "C call; every verify row is a one-row step bit for bit)")
     ap.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: CUDA when present)")
     ap.add_argument("--device-map", default=None, help="'auto' to shard over several GPUs with accelerate")
     ap.add_argument("--forward", choices=FORWARDS, default=_E.forward,

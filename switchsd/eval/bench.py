@@ -48,7 +48,7 @@ from ..methods import METHODS
 from ..models.loading import ModelLoadError, gguf_model, gguf_path, load_model
 from .datasets import DATASETS
 from .mismatch import explain, summarize_mismatches
-from .peers import PEERS, HFPeer, LlamaCppPeer, llama_cpp_missing
+from .peers import LLAMA_CPP, PEERS, HFPeer, LlamaCppPeer, llama_cpp_missing
 
 
 def aggregate(records: list[dict], vanilla_ids: dict) -> dict:
@@ -198,18 +198,18 @@ def run(args: argparse.Namespace, methods: list[str], prompts: list[dict]) -> Be
     neural = Neural(args, lm)
     eos = lm.eos_ids()
 
-    if "llama-cpp" in methods:
+    for peer in [m for m in methods if m in LLAMA_CPP]:
         why = llama_cpp_missing() or (None if gguf_model(args.model) else
                                       "llama-cpp skipped: it needs a GGUF model (the offline default or a .gguf file)")
         if why is None and cfg.sampling.temperature > 0:
             why = "llama-cpp skipped: greedy only (T = 0)"
         if why:
-            print(why, file=sys.stderr)
-            methods.remove("llama-cpp")
+            print(why.replace("llama-cpp", peer, 1), file=sys.stderr)
+            methods.remove(peer)
 
     def make(m: str, cfg):
-        if m == "llama-cpp":
-            return LlamaCppPeer(gguf_path(args.model), cfg, eos)
+        if m in LLAMA_CPP:
+            return LlamaCppPeer(gguf_path(args.model), cfg, eos, lookup=m == "llama-cpp-pld")
         if m in PEERS:
             return HFPeer(m, lm.model, cfg, eos, neural.drafters.draft_model if m == "hf-assisted" else None)
         return build_engine(m, lm, cfg, copy_cfg, neural)

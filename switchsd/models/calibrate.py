@@ -89,7 +89,11 @@ def matmul_floor(lm: LoadedModel, rows: int = 1, repeats: int = 5, forward: str 
     one-token forward cannot go below with those kernels. forward "hf": every nn.Linear through `F.linear`
     (transformers' kernels); "lean": the lean forward's fused, packed products. Median of repeats, after a
     warm-up."""
-    if resolve_forward(lm.model, forward) == "lean":
+    q4q8 = getattr(lm.model, "_switchsd_q4q8", None)
+    if q4q8 is not None and resolve_forward(lm.model, forward) == "lean":     # the q4q8 format's own products
+        fns = [m for layer in q4q8.layers for m in layer] + list(q4q8.head_parts)
+        shapes = [m.in_features for m in fns]
+    elif resolve_forward(lm.model, forward) == "lean":
         from .lean import LeanLlama
         lean = LeanLlama.of(lm.model)
         fns = [lin.fast for layer in lean.layers for lin in layer if callable(getattr(lin, "fast", None))]
@@ -218,17 +222,19 @@ def main(argv=None) -> None:
         lm = load_model(args.model, dt, device, attention="sdpa")
         name = lm.precision
         kind = resolve_forward(lm.model, args.forward)
-        one = {}
-        for impl in ("sdpa", "eager"):         # transformers' faster attention kernel for decoding, per dtype
+        own = getattr(lm.model, "_switchsd_q4q8", None) is not None     # q4q8: its own forward only
+        one = {"sdpa": float("nan")}
+        for impl in () if own else ("sdpa", "eager"):   # transformers' faster attention kernel for decoding, per dtype
             lm.model.set_attn_implementation(impl)
             one[impl] = measure(lm, 1, args.prefix, args.repeats, progress=False, forward="hf")[1]
-        attention[name] = "eager" if one["eager"] < 0.95 * one["sdpa"] else "sdpa"   # keep the default unless clearly faster
+        attention[name] = "eager" if not own and one["eager"] < 0.95 * one["sdpa"] else "sdpa"   # the default unless clearly faster
         lm.model.set_attn_implementation(attention[name])
-        print(f"{name}: transformers' one-token forward sdpa {one['sdpa']:.2f} ms, eager {one['eager']:.2f} ms "
-              f"-> {attention[name]}")
+        if not own:
+            print(f"{name}: transformers' one-token forward sdpa {one['sdpa']:.2f} ms, eager {one['eager']:.2f} ms "
+                  f"-> {attention[name]}")
         curve = measure(lm, args.max_tokens, args.prefix, args.repeats, forward=kind)
         floor = matmul_floor(lm, 1, args.repeats, forward=kind)
-        hf_floor = None if int4.is_int4(lm.model) else matmul_floor(lm, 1, args.repeats, forward="hf")
+        hf_floor = None if int4.is_int4(lm.model) or own else matmul_floor(lm, 1, args.repeats, forward="hf")
         print(f"{name}: {kind} one-token forward {curve[1]:.2f} ms = {curve[1] / floor:.2f}x its matmul floor "
               f"({floor:.2f} ms: its linear layers alone" + (f"; transformers' F.linear on the same weights "
               f"{hf_floor:.2f} ms" if hf_floor else "") + f", transformers' forward {one[attention[name]]:.2f} ms)")

@@ -27,6 +27,8 @@ def resolve_forward(model, forward: str = "auto") -> str:
     if forward not in FORWARDS:
         raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
     if forward == "hf":
+        if getattr(model, "_switchsd_q4q8", None) is not None:
+            raise ValueError("the q4q8 format runs its own forward only (forward 'auto' or 'lean')")
         return "hf"
     why = supports(model)
     if why and forward == "lean":

@@ -32,8 +32,9 @@ INT4 = {"int4": (torch.bfloat16, 32), "int4-float32": (torch.float32, 32), "int4
 Q4Q8 = "q4q8"
 GGUF_FORMATS = (*INT4, Q4Q8)
 # formats `auto` never picks: int4-mixed takes int4's very one-token path (so calibrate's one-token timing only tells
-# them apart by noise), its wide rows are not bit for bit int4's, and end to end it measured within noise of int4
-NOT_AUTO = ("int4-mixed",)
+# them apart by noise), its wide rows are not bit for bit int4's, and end to end it measured within noise of int4;
+# q4q8 until the batched serving engine runs it too (it runs the single-sequence engine, the CLI and calibrate)
+NOT_AUTO = ("int4-mixed", "q4q8")
 
 
 class ModelLoadError(RuntimeError):
