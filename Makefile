@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup browser run lint test test-fast calibrate screenshots clean
+.PHONY: setup browser compiler run lint test test-fast calibrate screenshots clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,12 @@ browser:
 	  (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)) \
 	  || echo "chromium not installed: browser tests will be skipped"; }
 
+# A C compiler for the CPU kernels (switchsd/kernels, built on first use); best effort as root.
+compiler:
+	@command -v cc >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get install -y -q gcc >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q gcc >/dev/null)) \
+	  || echo "no C compiler: the q4q8 format and its tests need one (apt install gcc)"; }
+
 run: setup            ## start the studio on http://127.0.0.1:7860 (offline SmolLM2)
 	$(BIN)/python app.py $(ARGS)
 
@@ -31,7 +37,7 @@ run: setup            ## start the studio on http://127.0.0.1:7860 (offline Smol
 lint: setup           ## ruff: unused or undefined names, syntax errors, import order (pyproject.toml)
 	$(BIN)/ruff check .
 
-test: setup browser lint   ## the lint, then the whole test suite (CPU; GPU tests run when CUDA is present)
+test: setup browser compiler lint   ## the lint, then the whole test suite (CPU; GPU tests run when CUDA is present)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(ARGS)
 
 test-fast: setup      ## skip tests that load the real model
