@@ -126,3 +126,31 @@ def test_bad_shapes_are_refused():
         Q4Q8Linear(codes, dw, mw, path="avx9")
     with pytest.raises(ValueError, match="expected"):
         Q4Q8Linear(codes, dw, mw)(torch.zeros(2, 63))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_q8_head_kernel_equals_its_reference_and_is_batch_invariant(path):
+    """The 8-bit kernel (the GGUF's Q8_0 head): bit for bit its numpy arithmetic at every row count, and a k-row
+    call is k one-row calls."""
+    g = torch.Generator().manual_seed(13)
+    codes = torch.randint(-127, 128, (72, 192), generator=g, dtype=torch.int8)
+    dw = (torch.rand(72, 6, generator=g) * 0.02 + 1e-4).half()
+    lin = q4q8.Q8Linear(codes, dw, path=path)
+    x = torch.randn(32, 192, generator=g) * 4
+    one = torch.cat([lin(x[i:i + 1]) for i in range(32)])
+    for rows in range(1, 33):
+        ref = torch.from_numpy(q4q8.q8_reference(codes.numpy(), dw.numpy(), x[:rows].numpy()))
+        assert torch.equal(lin(x[:rows]), ref), rows
+        assert torch.equal(lin(x[:rows]), one[:rows]), rows
+
+
+def test_q8_gguf_blocks_are_the_gguf_weights():
+    from gguf import GGMLQuantizationType, dequantize
+    r = np.random.default_rng(14)
+    d = r.uniform(1e-3, 0.05, (16, 4)).astype(np.float16)
+    q = r.integers(-127, 128, (16, 4, 32)).astype(np.int8)
+    raw = np.concatenate([d[..., None].view(np.uint8), q.view(np.uint8)], -1).reshape(16, -1)
+    w = dequantize(raw, GGMLQuantizationType.Q8_0).astype(np.float32).reshape(16, 128)
+    assert torch.equal(q4q8.Q8Linear(*q4q8.gguf_q8_blocks(raw)).dequantized(), torch.from_numpy(w))
+    with pytest.raises(ValueError, match="-127"):
+        q4q8.Q8Linear(torch.full((8, 32), -128, dtype=torch.int8), torch.ones(8, 1).half())

@@ -141,26 +141,23 @@ int llama_forward(const Dims *dm, int64_t n_layers, const uint8_t *const *w, con
     return ok ? 0 : -1;
 }
 
-/* The final norm and the head: logits [R, V] = q4q8(rms(x[r]) * norm) for the R rows asked for; the head as one
-   or two packed matrices whose products are summed (a Q8_0 head as its high and low nibbles). */
-int llama_head(const Dims *dm, const float *x, int64_t R, const float *norm, const uint8_t *head_hi,
-               const uint8_t *head_lo, int64_t vocab, float *logits) {
+/* The final norm and the head: logits [R, V] = head(rms(x[r]) * norm) for the R rows asked for; the head a Q8_0
+   matrix (`q8`: the GGUF's tied embedding) or a Q4 one. */
+int llama_head(const Dims *dm, const float *x, int64_t R, const float *norm, const uint8_t *head, int q8,
+               int64_t vocab, float *logits) {
     const int64_t d = dm->d;
     Work wk;
     wk.q8 = malloc((size_t)(R * d));
     wk.dx = malloc(sizeof(float) * (size_t)(R * d / 32));
     wk.sx = malloc(sizeof(float) * (size_t)(R * d / 32));
     wk.h = malloc(sizeof(float) * (size_t)(R * d));
-    float *lo = head_lo ? malloc(sizeof(float) * (size_t)(R * vocab)) : NULL;
-    int ok = wk.q8 && wk.dx && wk.sx && wk.h && (!head_lo || lo);
+    int ok = wk.q8 && wk.dx && wk.sx && wk.h;
     if (ok) {
         for (int64_t r = 0; r < R; r++) rms(x + r * d, norm, d, dm->eps, wk.h + r * d);
-        product(head_hi, wk.h, R, vocab, d, logits, &wk, dm->path);
-        if (head_lo) {
-            q4q8_matmul_quantized(head_lo, wk.q8, wk.dx, wk.sx, R, vocab, d, lo, dm->path);
-            for (int64_t i = 0; i < R * vocab; i++) logits[i] = logits[i] + lo[i];
-        }
+        q4q8_quantize(wk.h, R, d, wk.q8, wk.dx, wk.sx);
+        if (q8) q8_matmul_quantized(head, wk.q8, wk.dx, R, vocab, d, logits, dm->path);
+        else q4q8_matmul_quantized(head, wk.q8, wk.dx, wk.sx, R, vocab, d, logits, dm->path);
     }
-    free(wk.q8); free(wk.dx); free(wk.sx); free(wk.h); free(lo);
+    free(wk.q8); free(wk.dx); free(wk.sx); free(wk.h);
     return ok ? 0 : -1;
 }

@@ -186,6 +186,107 @@ int q4q8_matmul_quantized(const uint8_t *w, const int8_t *q8, const float *dx, c
     return use;
 }
 
+/* ---- Q8_0 weights (w = dw * q, q int8) x Q8 activations: a head stored as the GGUF's 8-bit blocks ------------
+   per output, blocks in order: acc = acc + (dw * dx) * float(sum_k q * q8). Layout: column groups of 8 outputs; per
+   group and block, 8 vectors of 32 bytes (vector t: output c's codes at k = 4t .. 4t + 3 in bytes 4c .. 4c + 3), then
+   8 dw (float16). */
+#define Q8_BLOCK_BYTES (QK * GROUP_COLS + 2 * GROUP_COLS)      /* 256 codes + 16 = 272 */
+
+void q8_pack(const int8_t *codes, const uint16_t *dw, int64_t n, int64_t k, uint8_t *out) {
+    int64_t nb = k / QK;
+    for (int64_t g = 0; g < n / GROUP_COLS; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *blk = out + (g * nb + b) * Q8_BLOCK_BYTES;
+            for (int t = 0; t < 8; t++)
+                for (int c = 0; c < GROUP_COLS; c++)
+                    for (int j = 0; j < 4; j++)
+                        blk[t * 32 + 4 * c + j] = (uint8_t)codes[(g * GROUP_COLS + c) * k + b * QK + 4 * t + j];
+            uint16_t *s = (uint16_t *)(blk + 256);
+            for (int c = 0; c < GROUP_COLS; c++) s[c] = dw[(g * GROUP_COLS + c) * nb + b];
+        }
+}
+
+static void q8_group_scalar(const uint8_t *w, int64_t nb, const int8_t *q8, const float *dx, int64_t rows,
+                            int64_t k, float *y, int64_t n, int64_t g) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int c = 0; c < GROUP_COLS; c++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const int8_t *blk = (const int8_t *)(w + b * Q8_BLOCK_BYTES);
+                const int8_t *xq = q8 + r * k + b * QK;
+                int isum = 0;
+                for (int t = 0; t < 8; t++)
+                    for (int j = 0; j < 4; j++) isum += blk[t * 32 + 4 * c + j] * xq[4 * t + j];
+                float dd = half_to_float(((const uint16_t *)(w + b * Q8_BLOCK_BYTES + 256))[c]) * dx[r * nb + b];
+                acc = acc + dd * (float)isum;
+            }
+            y[r * n + g * GROUP_COLS + c] = acc;
+        }
+}
+
+#ifdef __x86_64__
+__attribute__((target("avx2,fma,f16c")))
+static void q8_group_avx2(const uint8_t *w, int64_t nb, const int8_t *q8, const float *dx, int64_t rows,
+                          int64_t k, float *y, int64_t n, int64_t g) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+        int nr = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
+        __m256 acc[ROWS];
+        for (int i = 0; i < ROWS; i++) acc[i] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = w + b * Q8_BLOCK_BYTES;
+            __m256i s32[ROWS];
+            for (int i = 0; i < ROWS; i++) s32[i] = _mm256_setzero_si256();
+            for (int t = 0; t < 8; t++) {
+                __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + 32 * t));
+                __m256i aw = _mm256_sign_epi8(wv, wv);                         /* |w| (w >= -127 in Q8_0) */
+                for (int i = 0; i < nr; i++) {
+                    int32_t a;
+                    memcpy(&a, q8 + (r0 + i) * k + b * QK + 4 * t, 4);
+                    __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(a), wv);   /* x with w's sign */
+                    s32[i] = _mm256_add_epi32(s32[i], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones));
+                }
+            }
+            __m256 dwv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 256)));
+            for (int i = 0; i < nr; i++) {
+                __m256 dd = _mm256_mul_ps(dwv, _mm256_set1_ps(dx[(r0 + i) * nb + b]));
+                acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(s32[i])));
+            }
+        }
+        for (int i = 0; i < nr; i++) _mm256_storeu_ps(y + (r0 + i) * n + g * GROUP_COLS, acc[i]);
+    }
+}
+#endif
+
+int q8_matmul_quantized(const uint8_t *w, const int8_t *q8, const float *dx, int64_t rows, int64_t n, int64_t k,
+                        float *y, int path) {
+    int64_t nb = k / QK, groups = n / GROUP_COLS;
+    int use = path == 1 ? 1 : (have_avx2() ? 2 : 1);
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *wg = w + g * nb * Q8_BLOCK_BYTES;
+#ifdef __x86_64__
+        if (use == 2) { q8_group_avx2(wg, nb, q8, dx, rows, k, y, n, g); continue; }
+#endif
+        q8_group_scalar(wg, nb, q8, dx, rows, k, y, n, g);
+    }
+    return use;
+}
+
+int q8_matmul(const uint8_t *w, const float *x, int64_t rows, int64_t n, int64_t k, float *y, int path) {
+    int8_t *q8 = malloc((size_t)(rows * k));
+    float *dx = malloc(sizeof(float) * (size_t)(rows * (k / QK))), *sx = malloc(sizeof(float) * (size_t)(rows * (k / QK)));
+    int used = -1;
+    if (q8 && dx && sx) {
+        q4q8_quantize(x, rows, k, q8, dx, sx);
+        used = q8_matmul_quantized(w, q8, dx, rows, n, k, y, path);
+    }
+    free(q8);
+    free(dx);
+    free(sx);
+    return used;
+}
+
 /* Quantize x [rows, K] float32 and multiply: y [rows, N]. Returns the path used, or -1 if out of memory. */
 int q4q8_matmul(const uint8_t *w, const float *x, int64_t rows, int64_t n, int64_t k, float *y, int path) {
     int8_t *q8 = malloc((size_t)(rows * k));

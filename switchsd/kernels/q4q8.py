@@ -32,6 +32,9 @@ def _lib() -> ctypes.CDLL:
         lib.q4q8_matmul.argtypes = [_P, _P, _I, _I, _I, _P, ctypes.c_int]
         lib.q4q8_matmul.restype = ctypes.c_int
         lib.q4q8_best_path.restype = ctypes.c_int
+        lib.q8_pack.argtypes = [_P, _P, _I, _I, _P]
+        lib.q8_matmul.argtypes = [_P, _P, _I, _I, _I, _P, ctypes.c_int]
+        lib.q8_matmul.restype = ctypes.c_int
         lib._typed = True
     return lib
 
@@ -80,6 +83,63 @@ class Q4Q8Linear:
         if used < 0:
             raise MemoryError("q4q8: out of memory for the activations' blocks")
         return y.view(*x.shape[:-1], self.out_features)
+
+
+class Q8Linear:
+    """y = x W^T with W in Q8_0 blocks (w = dw * q, q int8 in -127..127, per 32 along K), activations quantised to Q8
+    per row: per output, blocks in order, acc = acc + (dw * dx) * sum(q * q8)."""
+
+    def __init__(self, codes: torch.Tensor, dw: torch.Tensor, path: str = "auto"):
+        n, k = codes.shape
+        if k % QK or n % GROUP_COLS:
+            raise ValueError(f"q8 needs in_features % {QK} == 0 and out_features % {GROUP_COLS} == 0, got [{n}, {k}]")
+        if dw.shape != (n, k // QK):
+            raise ValueError(f"scales must be [{n}, {k // QK}], got {tuple(dw.shape)}")
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {sorted(PATHS)}, got {path!r}")
+        if int(codes.min()) < -127:
+            raise ValueError("Q8_0 codes must lie in -127..127")
+        self.in_features, self.out_features, self.path = k, n, PATHS[path]
+        self.codes, self.dw = codes.to(torch.int8).contiguous(), dw.half().contiguous()
+        self.packed = torch.empty(n // GROUP_COLS * (k // QK) * (QK * GROUP_COLS + 2 * GROUP_COLS), dtype=torch.uint8)
+        self.lib = _lib()
+        self.lib.q8_pack(self.codes.data_ptr(), self.dw.data_ptr(), n, k, self.packed.data_ptr())
+
+    def dequantized(self) -> torch.Tensor:
+        return self.dw.float().repeat_interleave(QK, 1) * self.codes.float()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:                      # [..., K] -> [..., N] float32
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"expected [..., {self.in_features}], got {tuple(x.shape)}")
+        rows = x.numel() // self.in_features
+        x2 = x.reshape(rows, self.in_features).float().contiguous()
+        y = torch.empty(rows, self.out_features, dtype=torch.float32)
+        if self.lib.q8_matmul(self.packed.data_ptr(), x2.data_ptr(), rows, self.out_features, self.in_features,
+                              y.data_ptr(), self.path) < 0:
+            raise MemoryError("q8: out of memory for the activations' blocks")
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def q8_reference(codes: np.ndarray, dw: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Q8Linear's arithmetic in numpy: y float32 [R, N]."""
+    n, k = codes.shape
+    nb = k // QK
+    q8, dx, _ = quantize_reference(x)
+    isum = np.einsum("nbk,rbk->rnb", codes.reshape(n, nb, QK).astype(np.int32), q8.reshape(-1, nb, QK).astype(np.int32))
+    dw = dw.astype(np.float32)
+    acc = np.zeros((x.shape[0], n), dtype=np.float32)
+    for b in range(nb):
+        acc = acc + (dw[None, :, b] * dx[:, None, b]) * isum[:, :, b].astype(np.float32)
+    return acc
+
+
+def gguf_q8_blocks(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """GGUF Q8_0 blocks of an [N, K] matrix -> codes int8 [N, K], dw float16 [N, K/32] (w = dw * q)."""
+    n = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(n, -1, 34)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    codes = blocks[..., 2:].copy().view(np.int8).reshape(n, -1)
+    return torch.from_numpy(codes.copy()), torch.from_numpy(d.copy())
 
 
 def quantize_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

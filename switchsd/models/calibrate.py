@@ -91,7 +91,7 @@ def matmul_floor(lm: LoadedModel, rows: int = 1, repeats: int = 5, forward: str 
     warm-up."""
     q4q8 = getattr(lm.model, "_switchsd_q4q8", None)
     if q4q8 is not None and resolve_forward(lm.model, forward) == "lean":     # the q4q8 format's own products
-        fns = [m for layer in q4q8.layers for m in layer] + list(q4q8.head_parts)
+        fns = [m for layer in q4q8.layers for m in layer] + [q4q8.head]
         shapes = [m.in_features for m in fns]
     elif resolve_forward(lm.model, forward) == "lean":
         from .lean import LeanLlama

@@ -7,8 +7,8 @@
 Arithmetic: Q4_1 weights x Q8 activation blocks (llama.cpp's; switchsd/kernels/q4q8.c), the residual stream,
 norms, rotary and attention in float32, every row computed alone. So a verify forward's rows equal, bit for bit,
 the one-row steps of vanilla decoding in this format (chains and trees alike), and the verify rows share each
-weight block's work. The head: a Q8_0 matrix (the tied embedding of the offline GGUF) as the sum of its high and
-low nibbles' products, a Q4 head as one product.
+weight block's work. The head: the GGUF's Q8_0 matrix (the offline model's tied embedding) through its own 8-bit
+kernel (`Q8Linear`), or a Q4 head.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..kernels.build import load
-from ..kernels.q4q8 import PATHS, Q4Q8Linear, gguf_blocks
+from ..kernels.q4q8 import PATHS, Q4Q8Linear, Q8Linear, gguf_blocks, gguf_q8_blocks
 from .int4 import _reverse_permute
 from .lean import StaticKVCache, supports
 
@@ -39,29 +39,17 @@ def _lib() -> ctypes.CDLL:
     if not getattr(lib, "_typed", False):
         lib.llama_forward.argtypes = [ctypes.POINTER(Dims), _I, _P, _P, _P, _I, _P, _P, _I, _I, _P, _P, _P, _P, _P, _P]
         lib.llama_forward.restype = ctypes.c_int
-        lib.llama_head.argtypes = [ctypes.POINTER(Dims), _P, _I, _P, _P, _P, _I, _P]
+        lib.llama_head.argtypes = [ctypes.POINTER(Dims), _P, _I, _P, _P, ctypes.c_int, _I, _P]
         lib.llama_head.restype = ctypes.c_int
         lib._typed = True
     return lib
-
-
-def q8_nibbles(raw: np.ndarray) -> tuple[tuple, tuple]:
-    """GGUF Q8_0 blocks (w = d q, q int8) of an [N, K] matrix as two Q4 matrices whose sum is w: with u = q + 128 =
-    16 hi + lo, w = 16 d hi - 128 d + d lo (float16 scales exact: powers of two times d)."""
-    n = raw.shape[0]
-    blocks = np.ascontiguousarray(raw).reshape(n, -1, 34)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]                             # [N, K/32]
-    u = (blocks[..., 2:].copy().view(np.int8).astype(np.int16) + 128).astype(np.uint8).reshape(n, -1)
-    hi = (torch.from_numpy(u >> 4), torch.from_numpy(d * np.float16(16)), torch.from_numpy(d * np.float16(-128)))
-    lo = (torch.from_numpy(u & 0x0F), torch.from_numpy(d.copy()), torch.from_numpy(np.zeros_like(d)))
-    return hi, lo
 
 
 class Q4Q8Llama:
     """The target's forward in the q4q8 format (one C call per forward, one for the head)."""
     kind = "q4q8"
 
-    def __init__(self, model, layers: list[list[Q4Q8Linear]], head: list[Q4Q8Linear], path: str = "auto"):
+    def __init__(self, model, layers: list[list[Q4Q8Linear]], head: Q4Q8Linear | Q8Linear, path: str = "auto"):
         why = supports(model)
         if why:
             raise ValueError(f"the q4q8 forward does not support this model: {why}")
@@ -72,7 +60,7 @@ class Q4Q8Llama:
         if self.head_dim > 512 or self.head_dim % 8:
             raise ValueError(f"q4q8: head_dim {self.head_dim} unsupported (a multiple of 8, at most 512)")
         self.dtype, self.device, self.att_dtype = torch.float32, torch.device("cpu"), torch.float32
-        self.layers, self.head_parts, self.vocab = layers, head, head[0].out_features
+        self.layers, self.head, self.vocab = layers, head, head.out_features
         self.dims = Dims(cfg.hidden_size, self.heads, self.kv_heads, self.head_dim, cfg.intermediate_size,
                          float(cfg.rms_norm_eps), float(self.head_dim ** -0.5), PATHS[path])
         f32 = lambda t: t.detach().float().contiguous()                             # noqa: E731
@@ -114,9 +102,9 @@ class Q4Q8Llama:
             raise ValueError(f"{gguf_path}: no output or token_embd tensor for the head")
         kind = t.tensor_type.name
         if kind == "Q8_0":
-            head = [Q4Q8Linear(*h, path) for h in q8_nibbles(np.asarray(t.data))]
+            head = Q8Linear(*gguf_q8_blocks(np.asarray(t.data)), path)
         elif kind in ("Q4_0", "Q4_1"):
-            head = [Q4Q8Linear(*gguf_blocks(np.asarray(t.data), kind), path)]
+            head = Q4Q8Linear(*gguf_blocks(np.asarray(t.data), kind), path)
         else:
             raise ValueError(f"the head is {kind}; q4q8 reads Q8_0, Q4_0 or Q4_1")
         return cls(model, layers, head, path)
@@ -135,7 +123,7 @@ class Q4Q8Llama:
             return Q4Q8Linear.fuse(parts) if len(parts) > 1 else parts[0]
         layers = [[mat(b.self_attn.q_proj, b.self_attn.k_proj, b.self_attn.v_proj), mat(b.self_attn.o_proj),
                    mat(b.mlp.gate_proj, b.mlp.up_proj), mat(b.mlp.down_proj)] for b in model.model.layers]
-        return cls(model, layers, [mat(model.lm_head)], path)
+        return cls(model, layers, mat(model.lm_head), path)
 
     def new_cache(self, capacity: int) -> StaticKVCache:
         return StaticKVCache(self.n_layers, self.kv_heads, self.head_dim, capacity, torch.float32, self.device)
@@ -195,9 +183,8 @@ class Q4Q8Llama:
         cache.length = end
         x = (x[-1:] if logit_rows == -1 else x[:logit_rows]).contiguous()
         logits = torch.empty(x.shape[0], self.vocab)
-        hi, lo = self.head_parts[0], (self.head_parts[1] if len(self.head_parts) > 1 else None)
         rc = self.lib.llama_head(ctypes.byref(self.dims), x.data_ptr(), x.shape[0], self.norm.data_ptr(),
-                                 hi.packed.data_ptr(), lo.packed.data_ptr() if lo is not None else None, self.vocab,
+                                 self.head.packed.data_ptr(), isinstance(self.head, Q8Linear), self.vocab,
                                  logits.data_ptr())
         if rc:
             raise MemoryError("q4q8 head: out of memory")
