@@ -6,14 +6,29 @@ Per layer, per row (x the residual stream, float32):
   k, v -> the cache at the row's position
   attention, per head, over the keys the row sees (ascending positions): s_j = (q . k_j) * scale (the dot
       product as 8 lane sums and a fixed tree, `dot8`);
-      m = max s; p_j = expf(s_j - m); o = (sum_j p_j v_j) / (sum_j p_j), sums in order
+      m = max s; p_j = exp(s_j - m); o = (sum_j p_j v_j) / (sum_j p_j), sums in order (exp: `exp_poly`)
   x = x + q4q8(o)           [capture "attn"]
-  g|u = q4q8(rms(x) * norm2); x = x + q4q8(g / (1 + expf(-g)) * u)     [capture "mlp"]
+  g|u = q4q8(rms(x) * norm2); x = x + q4q8(g / (1 + exp(-g)) * u)     [capture "mlp"]
 A row's result depends only on its own inputs and the keys it sees, never on how many rows share the call, so a
 verify forward's rows equal, bit for bit, the one-row steps vanilla decoding makes. Threads split each product's
 output columns and the attention's heads; every sum runs on one thread in a fixed order.
 */
 #include "q4q8.c"
+#include <time.h>
+
+/* Where a forward's time goes: seconds per phase, summed over calls until `llama_profile` reads and clears them. */
+enum { P_NORM, P_QKV, P_ROPE, P_ATTN, P_O, P_MLP_IN, P_SWIGLU, P_DOWN, P_HEAD, P_N };
+static double prof[P_N];
+
+static inline double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void llama_profile(double *out) {
+    for (int i = 0; i < P_N; i++) { out[i] = prof[i]; prof[i] = 0.0; }
+}
 
 typedef struct {
     int64_t d, heads, kv_heads, head_dim, inter;
@@ -26,6 +41,7 @@ typedef struct {                    /* scratch for one forward of T rows */
     float *dx, *sx, *h, *qkv, *att, *gu, *act, *tmp;
 } Work;
 
+__attribute__((target_clones("avx2", "default")))
 static void rms(const float *x, const float *w, int64_t d, float eps, float *out) {
     float s = 0.0f;
     for (int64_t i = 0; i < d; i++) s = s + x[i] * x[i];
@@ -38,6 +54,7 @@ static void product(const uint8_t *w, const float *x, int64_t rows, int64_t n, i
     q4q8_matmul_quantized(w, wk->q8, wk->dx, wk->sx, rows, n, k, y, path);
 }
 
+__attribute__((target_clones("avx2", "default")))
 static void rotate(float *x, const float *cos, const float *sin, int64_t hd) {
     int64_t half = hd / 2;
     float tmp[512];
@@ -48,8 +65,29 @@ static void rotate(float *x, const float *cos, const float *sin, int64_t hd) {
     }
 }
 
-/* q . k over hd (a multiple of 8) as 8 lane sums, then a fixed tree: the same order on every path (the compiler
-   turns the lane loop into vector code where it can; no contraction into fused multiply-adds). */
+/* exp(x) for float32 x, the same bits on every path: n = round(x log2 e) (by adding and subtracting 1.5 * 2^23), r = x - n ln2 (two-part ln2), 2^n times a
+   degree-6 polynomial in r (Cephes' expf coefficients); x clamped to [-87.3, 88] (below: ~1e-38, not 0). Written
+   without branches, so the loops that call it become vector code; relative error ~2e-7. */
+static inline float exp_poly(float x) {
+    x = x < -87.3f ? -87.3f : x > 88.0f ? 88.0f : x;
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;     /* round to nearest even (|n| < 2^22) */
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r;
+    p = p + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &e, 4);
+    return p * scale;
+}
+
+/* q . k over hd (a multiple of 8) as 8 lane sums, then a fixed tree: the same order on every path. */
 static inline float dot8(const float *a, const float *b, int64_t n) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int64_t i = 0; i < n; i += 8)
@@ -58,7 +96,7 @@ static inline float dot8(const float *a, const float *b, int64_t n) {
 }
 
 /* One row's attention for one head over `n` keys at cache positions `pos`. kc, vc: [cap, hd] of its kv head. */
-static void attend(const float *q, const float *kc, const float *vc, const int32_t *pos, int64_t n, int64_t hd,
+static void attend_portable(const float *q, const float *kc, const float *vc, const int32_t *pos, int64_t n, int64_t hd,
                    float scale, float *scores, float *out) {
     float m = -INFINITY;
     for (int64_t j = 0; j < n; j++) {
@@ -66,15 +104,103 @@ static void attend(const float *q, const float *kc, const float *vc, const int32
         scores[j] = s;
         m = s > m ? s : m;
     }
+    for (int64_t j = 0; j < n; j++) scores[j] = exp_poly(scores[j] - m);
     float sum = 0.0f;
     for (int64_t i = 0; i < hd; i++) out[i] = 0.0f;
     for (int64_t j = 0; j < n; j++) {
-        float p = expf(scores[j] - m);
+        float p = scores[j];
         sum = sum + p;
         const float *v = vc + (int64_t)pos[j] * hd;
         for (int64_t i = 0; i < hd; i++) out[i] = out[i] + p * v[i];
     }
     for (int64_t i = 0; i < hd; i++) out[i] = out[i] / sum;
+}
+
+/* SwiGLU of one row: act = g / (1 + exp(-g)) * u. */
+static void swiglu_portable(const float *g, const float *u, int64_t n, float *act) {
+    for (int64_t i = 0; i < n; i++) act[i] = g[i] / (1.0f + exp_poly(-g[i])) * u[i];
+}
+
+#ifdef __x86_64__
+/* The AVX2 versions: the very operations above, 8 lanes at a time (lane j of `dot8` is acc[j]; the tree is the
+   same), so they return the portable versions' bits. */
+__attribute__((target("avx2")))
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.3f));
+    const __m256 magic = _mm256_set1_ps(12582912.0f);
+    __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), magic), magic);
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r);
+    p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+__attribute__((target("avx2")))
+static void swiglu_avx2(const float *g, const float *u, int64_t n, float *act) {
+    int64_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 e = exp8(_mm256_xor_ps(gv, neg));
+        _mm256_storeu_ps(act + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) act[i] = g[i] / (1.0f + exp_poly(-g[i])) * u[i];
+}
+
+__attribute__((target("avx2")))
+static void attend_avx2(const float *q, const float *kc, const float *vc, const int32_t *pos, int64_t n, int64_t hd,
+                        float scale, float *scores, float *out) {
+    float m = -INFINITY;
+    for (int64_t j = 0; j < n; j++) {
+        const float *k = kc + (int64_t)pos[j] * hd;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t i = 0; i < hd; i += 8)
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i)));
+        __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));   /* a_j + a_{j+4} */
+        __m128 s2 = _mm_add_ps(s1, _mm_movehl_ps(s1, s1));        /* (a0+a4)+(a2+a6), (a1+a5)+(a3+a7) */
+        float s = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1))) * scale;
+        scores[j] = s;
+        m = s > m ? s : m;
+    }
+    int64_t j = 0;
+    const __m256 mv = _mm256_set1_ps(m);
+    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(scores + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), mv)));
+    for (; j < n; j++) scores[j] = exp_poly(scores[j] - m);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < hd; i++) out[i] = 0.0f;
+    for (j = 0; j < n; j++) {
+        float p = scores[j];
+        sum = sum + p;
+        const float *v = vc + (int64_t)pos[j] * hd;
+        const __m256 pv = _mm256_set1_ps(p);
+        for (int64_t i = 0; i < hd; i += 8)
+            _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i), _mm256_mul_ps(pv, _mm256_loadu_ps(v + i))));
+    }
+    for (int64_t i = 0; i < hd; i++) out[i] = out[i] / sum;
+}
+#endif
+
+static void attend(const float *q, const float *kc, const float *vc, const int32_t *pos, int64_t n, int64_t hd,
+                   float scale, float *scores, float *out, int path) {
+#ifdef __x86_64__
+    if (path == 2) { attend_avx2(q, kc, vc, pos, n, hd, scale, scores, out); return; }
+#endif
+    attend_portable(q, kc, vc, pos, n, hd, scale, scores, out);
+}
+
+static void swiglu(const float *g, const float *u, int64_t n, float *act, int path) {
+#ifdef __x86_64__
+    if (path == 2) { swiglu_avx2(g, u, n, act); return; }
+#endif
+    swiglu_portable(g, u, n, act);
 }
 
 /* x [T, d] in/out (the embeddings in, the last layer's output out). w: per layer 4 packed matrices (q|k|v [H+2KV
@@ -102,10 +228,14 @@ int llama_forward(const Dims *dm, int64_t n_layers, const uint8_t *const *w, con
     float *scores = malloc(sizeof(float) * (size_t)(H * T * (most_keys + 1)));
     int ok = wk.q8 && wk.dx && wk.sx && wk.h && wk.qkv && wk.att && wk.gu && wk.act && wk.tmp && scores;
     int64_t n_cap = 0;
+    const int vec = dm->path == 1 ? 1 : (have_avx2() ? 2 : 1);      /* the vector path where the CPU has it */
     for (int64_t l = 0; ok && l < n_layers; l++) {
         float *K = kc + l * KV * cap * hd, *V = vc + l * KV * cap * hd;
+        double t0 = now();
         for (int64_t t = 0; t < T; t++) rms(x + t * d, norms[2 * l], d, dm->eps, wk.h + t * d);
+        double t1 = now();
         product(w[4 * l], wk.h, T, nq, d, wk.qkv, &wk, dm->path);
+        double t2 = now();
         for (int64_t t = 0; t < T; t++) {
             float *row = wk.qkv + t * nq;
             for (int64_t h = 0; h < H + KV; h++) rotate(row + h * hd, cos + t * hd, sin + t * hd, hd);
@@ -114,27 +244,31 @@ int llama_forward(const Dims *dm, int64_t n_layers, const uint8_t *const *w, con
                 memcpy(V + (h * cap + start + t) * hd, row + (H + KV + h) * hd, sizeof(float) * (size_t)hd);
             }
         }
+        double t3 = now();
 #pragma omp parallel for schedule(static) collapse(2)
         for (int64_t t = 0; t < T; t++)
             for (int64_t h = 0; h < H; h++) {
                 int64_t g = h / (H / KV);
                 attend(wk.qkv + t * nq + h * hd, K + g * cap * hd, V + g * cap * hd, keys + key_off[t],
                        key_off[t + 1] - key_off[t], hd, dm->scale, scores + (t * H + h) * (most_keys + 1),
-                       wk.att + t * H * hd + h * hd);
+                       wk.att + t * H * hd + h * hd, vec);
             }
+        double t4 = now();
         product(w[4 * l + 1], wk.att, T, d, H * hd, wk.tmp, &wk, dm->path);
         for (int64_t i = 0; i < T * d; i++) x[i] = x[i] + wk.tmp[i];
         if (capture[2 * l]) memcpy(captured + (n_cap++) * T * d, x, sizeof(float) * (size_t)(T * d));
+        double t5 = now();
         for (int64_t t = 0; t < T; t++) rms(x + t * d, norms[2 * l + 1], d, dm->eps, wk.h + t * d);
         product(w[4 * l + 2], wk.h, T, 2 * I, d, wk.gu, &wk, dm->path);
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t i = 0; i < I; i++) {
-                float g = wk.gu[t * 2 * I + i], u = wk.gu[t * 2 * I + I + i];
-                wk.act[t * I + i] = g / (1.0f + expf(-g)) * u;
-            }
+        double t6 = now();
+        for (int64_t t = 0; t < T; t++) swiglu(wk.gu + t * 2 * I, wk.gu + t * 2 * I + I, I, wk.act + t * I, vec);
+        double t7 = now();
         product(w[4 * l + 3], wk.act, T, d, I, wk.tmp, &wk, dm->path);
         for (int64_t i = 0; i < T * d; i++) x[i] = x[i] + wk.tmp[i];
         if (capture[2 * l + 1]) memcpy(captured + (n_cap++) * T * d, x, sizeof(float) * (size_t)(T * d));
+        double t8 = now();
+        prof[P_NORM] += t1 - t0; prof[P_QKV] += t2 - t1; prof[P_ROPE] += t3 - t2; prof[P_ATTN] += t4 - t3;
+        prof[P_O] += t5 - t4; prof[P_MLP_IN] += t6 - t5; prof[P_SWIGLU] += t7 - t6; prof[P_DOWN] += t8 - t7;
     }
     free(wk.q8); free(wk.dx); free(wk.sx); free(wk.h); free(wk.qkv); free(wk.att); free(wk.gu); free(wk.act);
     free(wk.tmp); free(scores);
@@ -152,12 +286,14 @@ int llama_head(const Dims *dm, const float *x, int64_t R, const float *norm, con
     wk.sx = malloc(sizeof(float) * (size_t)(R * d / 32));
     wk.h = malloc(sizeof(float) * (size_t)(R * d));
     int ok = wk.q8 && wk.dx && wk.sx && wk.h;
+    double t0 = now();
     if (ok) {
         for (int64_t r = 0; r < R; r++) rms(x + r * d, norm, d, dm->eps, wk.h + r * d);
         q4q8_quantize(wk.h, R, d, wk.q8, wk.dx, wk.sx);
         if (q8) q8_matmul_quantized(head, wk.q8, wk.dx, R, vocab, d, logits, dm->path);
         else q4q8_matmul_quantized(head, wk.q8, wk.dx, wk.sx, R, vocab, d, logits, dm->path);
     }
+    prof[P_HEAD] += now() - t0;
     free(wk.q8); free(wk.dx); free(wk.sx); free(wk.h);
     return ok ? 0 : -1;
 }

@@ -65,7 +65,9 @@ void q4q8_pack(const uint8_t *codes, const uint16_t *dw, const uint16_t *mw, int
         }
 }
 
-/* One row's activations -> int8 blocks q8 [K], dx [K/32], sx [K/32]. */
+/* One row's activations -> int8 blocks q8 [K], dx [K/32], sx [K/32]. Compiled for AVX2 and the baseline (chosen at
+   load time): the same operations either way. */
+__attribute__((target_clones("avx2", "default")))
 static void quantize_row(const float *x, int64_t k, int8_t *q8, float *dx, float *sx) {
     for (int64_t b = 0; b < k / QK; b++) {
         const float *xb = x + b * QK;

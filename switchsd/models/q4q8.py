@@ -27,6 +27,8 @@ from .lean import StaticKVCache, supports
 Site = tuple[int, str]
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 PROJ = (("attn_q", "attn_k", "attn_v"), ("attn_output",), ("ffn_gate", "ffn_up"), ("ffn_down",))
+PHASES = ("norm", "q|k|v", "rotary + cache", "attention", "o + residual", "norm + gate|up", "swiglu",
+          "down + residual", "head")
 
 
 class Dims(ctypes.Structure):
@@ -124,6 +126,12 @@ class Q4Q8Llama:
         layers = [[mat(b.self_attn.q_proj, b.self_attn.k_proj, b.self_attn.v_proj), mat(b.self_attn.o_proj),
                    mat(b.mlp.gate_proj, b.mlp.up_proj), mat(b.mlp.down_proj)] for b in model.model.layers]
         return cls(model, layers, mat(model.lm_head), path)
+
+    def profile(self) -> dict[str, float]:
+        """Milliseconds per phase of every forward since the last call (llama.c's own clock), then cleared."""
+        out = (ctypes.c_double * len(PHASES))()
+        self.lib.llama_profile(out)
+        return {name: 1e3 * out[i] for i, name in enumerate(PHASES)}
 
     def new_cache(self, capacity: int) -> StaticKVCache:
         return StaticKVCache(self.n_layers, self.kv_heads, self.head_dim, capacity, torch.float32, self.device)
