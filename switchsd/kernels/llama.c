@@ -186,6 +186,74 @@ static void attend_avx2(const float *q, const float *kc, const float *vc, const 
     }
     for (int64_t i = 0; i < hd; i++) out[i] = out[i] / sum;
 }
+
+/* One query head's attention for all T rows at once: the keys every row sees (the cached prefix, positions
+   0 .. shared - 1) are loaded once and used by every row; each row's own keys (its rows of this forward) follow.
+   Per row the scores, the softmax and the value sums are attend_avx2's, in the same order, so the bits are too. */
+__attribute__((target("avx2")))
+static void attend_rows_avx2(const float *q, int64_t q_stride, const float *kc, const float *vc, const int32_t *key_off,
+                             const int32_t *keys, int64_t T, int64_t shared, int64_t hd, float scale, float *scores,
+                             int64_t s_stride, float *out, int64_t o_stride) {
+    for (int64_t j = 0; j < shared; j++) {
+        const float *k = kc + j * hd;
+        for (int64_t t = 0; t < T; t++) {
+            const float *qt = q + t * q_stride;
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t i = 0; i < hd; i += 8)
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(qt + i), _mm256_loadu_ps(k + i)));
+            __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+            __m128 s2 = _mm_add_ps(s1, _mm_movehl_ps(s1, s1));
+            scores[t * s_stride + j] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1))) * scale;
+        }
+    }
+    for (int64_t t = 0; t < T; t++) {
+        const float *qt = q + t * q_stride;
+        float *sc = scores + t * s_stride;
+        const int32_t *pos = keys + key_off[t];
+        int64_t n = key_off[t + 1] - key_off[t];
+        for (int64_t j = shared; j < n; j++) {
+            const float *k = kc + (int64_t)pos[j] * hd;
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t i = 0; i < hd; i += 8)
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(qt + i), _mm256_loadu_ps(k + i)));
+            __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+            __m128 s2 = _mm_add_ps(s1, _mm_movehl_ps(s1, s1));
+            sc[j] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1))) * scale;
+        }
+        float m = -INFINITY;
+        for (int64_t j = 0; j < n; j++) m = sc[j] > m ? sc[j] : m;
+        int64_t j = 0;
+        const __m256 mv = _mm256_set1_ps(m);
+        for (; j + 8 <= n; j += 8) _mm256_storeu_ps(sc + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mv)));
+        for (; j < n; j++) sc[j] = exp_poly(sc[j] - m);
+        float *o = out + t * o_stride;
+        for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
+    }
+    for (int64_t j = 0; j < shared; j++) {
+        const float *v = vc + j * hd;
+        for (int64_t t = 0; t < T; t++) {
+            float *o = out + t * o_stride;
+            const __m256 pv = _mm256_set1_ps(scores[t * s_stride + j]);
+            for (int64_t i = 0; i < hd; i += 8)
+                _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_loadu_ps(o + i), _mm256_mul_ps(pv, _mm256_loadu_ps(v + i))));
+        }
+    }
+    for (int64_t t = 0; t < T; t++) {
+        const float *sc = scores + t * s_stride;
+        const int32_t *pos = keys + key_off[t];
+        int64_t n = key_off[t + 1] - key_off[t];
+        float *o = out + t * o_stride;
+        for (int64_t j = shared; j < n; j++) {
+            const float *v = vc + (int64_t)pos[j] * hd;
+            const __m256 pv = _mm256_set1_ps(sc[j]);
+            for (int64_t i = 0; i < hd; i += 8)
+                _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_loadu_ps(o + i), _mm256_mul_ps(pv, _mm256_loadu_ps(v + i))));
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < n; j++) sum = sum + sc[j];
+        for (int64_t i = 0; i < hd; i++) o[i] = o[i] / sum;
+    }
+}
 #endif
 
 static void attend(const float *q, const float *kc, const float *vc, const int32_t *pos, int64_t n, int64_t hd,
@@ -229,6 +297,12 @@ int llama_forward(const Dims *dm, int64_t n_layers, const uint8_t *const *w, con
     int ok = wk.q8 && wk.dx && wk.sx && wk.h && wk.qkv && wk.att && wk.gu && wk.act && wk.tmp && scores;
     int64_t n_cap = 0;
     const int vec = dm->path == 1 ? 1 : (have_avx2() ? 2 : 1);      /* the vector path where the CPU has it */
+    int64_t shared = start;            /* cache positions 0 .. shared - 1: seen, in order, by every row */
+    for (int64_t t = 0; t < T; t++) {
+        int64_t n = key_off[t + 1] - key_off[t], p = 0;
+        while (p < shared && p < n && keys[key_off[t] + p] == p) p++;
+        shared = p;
+    }
     for (int64_t l = 0; ok && l < n_layers; l++) {
         float *K = kc + l * KV * cap * hd, *V = vc + l * KV * cap * hd;
         double t0 = now();
@@ -245,6 +319,16 @@ int llama_forward(const Dims *dm, int64_t n_layers, const uint8_t *const *w, con
             }
         }
         double t3 = now();
+#ifdef __x86_64__
+        if (vec == 2) {                 /* per query head, all rows together: the shared prefix's keys read once */
+#pragma omp parallel for schedule(static)
+            for (int64_t h = 0; h < H; h++) {
+                int64_t g = h / (H / KV);
+                attend_rows_avx2(wk.qkv + h * hd, nq, K + g * cap * hd, V + g * cap * hd, key_off, keys, T, shared, hd,
+                                 dm->scale, scores + h * T * (most_keys + 1), most_keys + 1, wk.att + h * hd, H * hd);
+            }
+        } else
+#endif
 #pragma omp parallel for schedule(static) collapse(2)
         for (int64_t t = 0; t < T; t++)
             for (int64_t h = 0; h < H; h++) {
