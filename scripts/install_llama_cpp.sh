@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmark's optional llama.cpp peers: llama-cpp-python built from source into .venv for this machine's CPU
-# (GGML_NATIVE: -march=native, ~25 min on 2 cores). AMX is left out: where a VM reports AMX (this project's
+# (GGML_NATIVE: -march=native, 10-15 min on 2 cores). AMX is left out: where a VM reports AMX (this project's
 # machines), the native build crashes in its first decode. diskcache: llama_cpp imports it (installed --no-deps).
 set -euo pipefail
 cd "$(dirname "$0")/.."
