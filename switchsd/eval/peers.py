@@ -116,6 +116,9 @@ class LlamaCppPeer:
     def run(self, prompt_ids: Sequence[int], generator: torch.Generator | None = None) -> Generation:
         new: list[int] = []
         t0 = time.perf_counter()
+        # a fresh context per prompt, as the engine prefills every prompt (llama-cpp-python's reuse of a cached
+        # prefix, after a generation stopped mid-draft, overruns its logits buffer with prompt lookup)
+        self.llm.reset()
         for tok in self.llm.generate([int(t) for t in prompt_ids], top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
                                      repeat_penalty=1.0, reset=True):
             new.append(int(tok))
