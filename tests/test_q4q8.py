@@ -137,3 +137,19 @@ def test_the_vector_and_portable_paths_compute_the_same_bits():
         outs.append((a, b, cap[SITES[0]], cap[SITES[1]]))
     for x, y in zip(*outs):
         assert torch.equal(x, y)
+
+
+def test_a_long_prefill_in_chunks_is_the_same_rows(monkeypatch):
+    """Prefills longer than CHUNK run in causal chunks: logits and states equal one call's, bit for bit."""
+    import switchsd.models.q4q8 as mod
+    fwd = _tiny(3)._switchsd_q4q8
+    prompt = random_prompt(7, 50)
+    whole = fwd.new_cache(64)
+    lg, cap = fwd.forward(torch.tensor([prompt]), whole, sites=SITES)
+    monkeypatch.setattr(mod, "CHUNK", 16)
+    parts = fwd.new_cache(64)
+    lg2, cap2 = fwd.forward(torch.tensor([prompt]), parts, sites=SITES)
+    last, _ = fwd.forward(torch.tensor([prompt[:20]]), fwd.new_cache(64), logit_rows=-1)
+    assert torch.equal(lg, lg2) and all(torch.equal(cap[s], cap2[s]) for s in SITES)
+    assert torch.equal(whole.k[:, :, :, :50], parts.k[:, :, :, :50]) and len(parts) == 50
+    assert torch.equal(last, lg[19:20])

@@ -25,6 +25,7 @@ from .int4 import _reverse_permute
 from .lean import StaticKVCache, supports
 
 Site = tuple[int, str]
+CHUNK = 256              # prefills longer than this run in causal chunks (attention scratch grows with rows x keys)
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 PROJ = (("attn_q", "attn_k", "attn_v"), ("attn_output",), ("ffn_gate", "ffn_up"), ("ffn_down",))
 PHASES = ("norm", "q|k|v", "rotary + cache", "attention", "o + residual", "norm + gate|up", "swiglu",
@@ -127,6 +128,18 @@ class Q4Q8Llama:
                    mat(b.mlp.gate_proj, b.mlp.up_proj), mat(b.mlp.down_proj)] for b in model.model.layers]
         return cls(model, layers, mat(model.lm_head), path)
 
+    def _chunked(self, ids, cache, sites, logit_rows):
+        logits, caps = [], []
+        for a in range(0, ids.shape[1], CHUNK):
+            lg, cap = self.forward(ids[:, a:a + CHUNK], cache, sites=sites, logit_rows=-1 if logit_rows == -1 else None)
+            logits.append(lg)
+            caps.append(cap)
+        if logit_rows == -1:
+            out = logits[-1]
+        else:
+            out = torch.cat(logits)[:logit_rows]
+        return out, {k: torch.cat([c[k] for c in caps], 1) for k in caps[0]}
+
     def profile(self) -> dict[str, float]:
         """Milliseconds per phase of every forward since the last call (llama.c's own clock), then cleared."""
         out = (ctypes.c_double * len(PHASES))()
@@ -166,6 +179,8 @@ class Q4Q8Llama:
         """ids [1, T] after the cache's `len` positions; mask None (causal) or [1, 1, T, len + T] (additive or bool).
         Returns logits [R, V] for the first `logit_rows` rows (None: all; -1: the last) and {site: [1, T, d]}."""
         T, start = ids.shape[1], len(cache)
+        if T > CHUNK and mask is None and position_ids is None:     # long prefills in causal chunks: the same rows
+            return self._chunked(ids, cache, sites, logit_rows)      # (each row computed alone), bounded scratch
         end = start + T
         cache.reserve(end)
         pos = (torch.arange(start, end) if position_ids is None else position_ids[0].cpu()).long()
