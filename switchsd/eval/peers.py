@@ -111,14 +111,13 @@ class LlamaCppPeer:
         self.kind = "llama-cpp-pld" if lookup else "llama-cpp"
         self.cfg, self.eos = cfg, set(int(e) for e in eos_ids) if cfg.stop_at_eos else set()
         self.llm = Llama(model_path=str(gguf_path), n_ctx=4096, n_threads=threads or torch.get_num_threads(),
-                         n_threads_batch=threads or torch.get_num_threads(), verbose=False, draft_model=draft)
+                         n_threads_batch=threads or torch.get_num_threads(), verbose=False, draft_model=draft,
+                         logits_all=lookup)      # a draft's rows need logits (else past 512 tokens its buffer overruns)
 
     def run(self, prompt_ids: Sequence[int], generator: torch.Generator | None = None) -> Generation:
         new: list[int] = []
         t0 = time.perf_counter()
-        # a fresh context per prompt, as the engine prefills every prompt (llama-cpp-python's reuse of a cached
-        # prefix, after a generation stopped mid-draft, overruns its logits buffer with prompt lookup)
-        self.llm.reset()
+        self.llm.reset()              # a fresh context per prompt, as the engine prefills every prompt
         for tok in self.llm.generate([int(t) for t in prompt_ids], top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
                                      repeat_penalty=1.0, reset=True):
             new.append(int(tok))
