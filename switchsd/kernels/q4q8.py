@@ -43,6 +43,19 @@ def best_path() -> str:
     return PATH_NAMES[_lib().q4q8_best_path()]
 
 
+def _apply(lin, matmul, x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] (any float dtype) -> [..., N] float32 through the C product `matmul` over `lin.packed`."""
+    if x.shape[-1] != lin.in_features:
+        raise ValueError(f"expected [..., {lin.in_features}], got {tuple(x.shape)}")
+    rows = x.numel() // lin.in_features
+    x2 = x.reshape(rows, lin.in_features).float().contiguous()
+    y = torch.empty(rows, lin.out_features, dtype=torch.float32)
+    if matmul(lin.packed.data_ptr(), x2.data_ptr(), rows, lin.out_features, lin.in_features, y.data_ptr(),
+              lin.path) < 0:
+        raise MemoryError("out of memory for the activations' 8-bit blocks")
+    return y.view(*x.shape[:-1], lin.out_features)
+
+
 class Q4Q8Linear:
     """y = x W^T with W in Q4_1 blocks (w = dw * q + mw per 32 along K), activations quantised to Q8 per row."""
 
@@ -73,16 +86,7 @@ class Q4Q8Linear:
                 + self.mw.float().repeat_interleave(QK, 1)).reshape(self.out_features, nb * QK)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:                      # [..., K] -> [..., N] float32
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"expected [..., {self.in_features}], got {tuple(x.shape)}")
-        rows = x.numel() // self.in_features
-        x2 = x.reshape(rows, self.in_features).float().contiguous()
-        y = torch.empty(rows, self.out_features, dtype=torch.float32)
-        used = self.lib.q4q8_matmul(self.packed.data_ptr(), x2.data_ptr(), rows, self.out_features,
-                                    self.in_features, y.data_ptr(), self.path)
-        if used < 0:
-            raise MemoryError("q4q8: out of memory for the activations' blocks")
-        return y.view(*x.shape[:-1], self.out_features)
+        return _apply(self, self.lib.q4q8_matmul, x)
 
 
 class Q8Linear:
@@ -109,15 +113,7 @@ class Q8Linear:
         return self.dw.float().repeat_interleave(QK, 1) * self.codes.float()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:                      # [..., K] -> [..., N] float32
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"expected [..., {self.in_features}], got {tuple(x.shape)}")
-        rows = x.numel() // self.in_features
-        x2 = x.reshape(rows, self.in_features).float().contiguous()
-        y = torch.empty(rows, self.out_features, dtype=torch.float32)
-        if self.lib.q8_matmul(self.packed.data_ptr(), x2.data_ptr(), rows, self.out_features, self.in_features,
-                              y.data_ptr(), self.path) < 0:
-            raise MemoryError("q8: out of memory for the activations' blocks")
-        return y.view(*x.shape[:-1], self.out_features)
+        return _apply(self, self.lib.q8_matmul, x)
 
 
 def q8_reference(codes: np.ndarray, dw: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -171,12 +167,8 @@ def reference(codes: np.ndarray, dw: np.ndarray, mw: np.ndarray, x: np.ndarray) 
 
 def gguf_blocks(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GGUF Q4_1 / Q4_0 blocks of an [N, K] matrix (raw uint8 [N, K/32 * block bytes]) -> codes uint8 [N, K],
-    dw, mw float16 [N, K/32] with w = dw * q + mw (Q4_0: w = d (q - 8), so mw = -8 d, exact in float16)."""
-    head = {"Q4_0": 2, "Q4_1": 4}[kind]
-    n = raw.shape[0]
-    blocks = np.ascontiguousarray(raw).reshape(n, -1, head + 16)                     # [N, K/32, bytes]
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-    m = blocks[..., 2:4].copy().view(np.float16)[..., 0] if kind == "Q4_1" else (d * np.float16(-8))
-    qs = blocks[..., head:]
-    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, -1)           # low nibbles first
-    return torch.from_numpy(codes.copy()), torch.from_numpy(d.copy()), torch.from_numpy(m.copy())
+    dw, mw float16 [N, K/32] with w = dw * q + mw (Q4_0: mw = -8 d). Read by `int4.q4_groups` (scale d and zero
+    m + 8d, both exact in float32), so zero - 8 d is m exactly."""
+    from ..models.int4 import q4_groups
+    codes, d, zero = q4_groups(raw, kind)
+    return codes, d.half(), (zero - 8 * d).half()
