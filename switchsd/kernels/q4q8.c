@@ -275,13 +275,16 @@ int q8_matmul_quantized(const uint8_t *w, const int8_t *q8, const float *dx, int
     return use;
 }
 
-int q8_matmul(const uint8_t *w, const float *x, int64_t rows, int64_t n, int64_t k, float *y, int path) {
+/* Quantize x and multiply by Q4 (`q8w` 0) or Q8_0 (`q8w` 1) weights. Returns the path used, -1 if out of memory. */
+static int quantize_and_multiply(const uint8_t *w, const float *x, int64_t rows, int64_t n, int64_t k, float *y,
+                                 int path, int q8w) {
     int8_t *q8 = malloc((size_t)(rows * k));
     float *dx = malloc(sizeof(float) * (size_t)(rows * (k / QK))), *sx = malloc(sizeof(float) * (size_t)(rows * (k / QK)));
     int used = -1;
     if (q8 && dx && sx) {
         q4q8_quantize(x, rows, k, q8, dx, sx);
-        used = q8_matmul_quantized(w, q8, dx, rows, n, k, y, path);
+        used = q8w ? q8_matmul_quantized(w, q8, dx, rows, n, k, y, path)
+                   : q4q8_matmul_quantized(w, q8, dx, sx, rows, n, k, y, path);
     }
     free(q8);
     free(dx);
@@ -289,19 +292,12 @@ int q8_matmul(const uint8_t *w, const float *x, int64_t rows, int64_t n, int64_t
     return used;
 }
 
-/* Quantize x [rows, K] float32 and multiply: y [rows, N]. Returns the path used, or -1 if out of memory. */
 int q4q8_matmul(const uint8_t *w, const float *x, int64_t rows, int64_t n, int64_t k, float *y, int path) {
-    int8_t *q8 = malloc((size_t)(rows * k));
-    float *dx = malloc(sizeof(float) * (size_t)(rows * (k / QK))), *sx = malloc(sizeof(float) * (size_t)(rows * (k / QK)));
-    int used = -1;
-    if (q8 && dx && sx) {
-        q4q8_quantize(x, rows, k, q8, dx, sx);
-        used = q4q8_matmul_quantized(w, q8, dx, sx, rows, n, k, y, path);
-    }
-    free(q8);
-    free(dx);
-    free(sx);
-    return used;
+    return quantize_and_multiply(w, x, rows, n, k, y, path, 0);
+}
+
+int q8_matmul(const uint8_t *w, const float *x, int64_t rows, int64_t n, int64_t k, float *y, int path) {
+    return quantize_and_multiply(w, x, rows, n, k, y, path, 1);
 }
 
 int q4q8_best_path(void) { return have_avx2() ? 2 : 1; }
