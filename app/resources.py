@@ -47,9 +47,9 @@ class Resources:
         """The target in the studio's dtype (`--dtype`, default auto: the fastest here) or, on request,
         float32 (token-for-token identical to vanilla). Loads happen on the torch thread, one at a time, and
         no lock is held while waiting for it (a job already on that thread may itself ask for the model)."""
-        key = dtype if dtype in ("float32", "int4") else self.dtype
-        if key == "int4" and not self.int4_available():
-            raise UserError("int4 runs a GGUF model's own 4-bit weights on CPU: not available for this model/device")
+        key = dtype if dtype in ("float32", "int4", "q4q8") else self.dtype
+        if key in ("int4", "q4q8") and key not in self.four_bit_formats():
+            raise UserError(f"{key} runs a GGUF model's own 4-bit weights on CPU: not available for this model/device")
         lm = self._lms.get(key)
         return lm if lm is not None else self.worker.call(self._load, key)
 
@@ -58,10 +58,14 @@ class Resources:
             self._lms[key] = load_model(self.model_name, key, self.device)
         return self._lms[key]
 
-    def int4_available(self) -> bool:
-        """The int4 format: a GGUF model (the offline default or a .gguf file) on CPU, with torch's int4 kernel."""
+    def four_bit_formats(self) -> list[str]:
+        """The 4-bit formats of a GGUF model (the offline default or a .gguf file) on CPU: q4q8 where its C kernels
+        build, int4 where torch has its int4 kernel."""
+        from switchsd.kernels.build import available
         from switchsd.models import int4
-        return gguf_model(self.model_name) and (self.device or auto_device()) == "cpu" and int4.available()
+        if not gguf_model(self.model_name) or (self.device or auto_device()) != "cpu":
+            return []
+        return (["q4q8"] if available("llama") else []) + (["int4"] if int4.available() else [])
 
     def default_method(self) -> str:
         """switchsd when its probe and EAGLE3 head are at hand for the default setup, else the copy path."""

@@ -77,12 +77,13 @@ def _header(res: Resources) -> tuple[gr.Markdown, gr.Radio]:
                 "itself intends to copy. Every token is coloured by the path that drafted it.")
     with gr.Row():
         model_status = gr.Markdown(res.status(), elem_id="model-status")
-        int4_ok = res.int4_available()
-        precision = gr.Radio(["auto", "float32"] + (["int4"] if int4_ok else []), value="auto", elem_id="precision",
-                             label="Precision: auto = the fastest here (int4 for a 4-bit GGUF model like the "
-                                   "offline default: every method equals int4 vanilla; else bfloat16 on CPUs with "
-                                   "native bf16: equal up to near-ties); float32 = token-for-token identical to vanilla"
-                                   + ("; int4 = the GGUF's own 4-bit weights (CPU)" if int4_ok else ""))
+        four = res.four_bit_formats()
+        precision = gr.Radio(["auto", "float32"] + four, value="auto", elem_id="precision",
+                             label="Precision: auto = the fastest here (for a 4-bit GGUF model like the offline "
+                                   "default q4q8 or int4, whichever calibrate measured faster: every method equals "
+                                   "that format's vanilla; else bfloat16 on CPUs with native bf16: equal up to "
+                                   "near-ties); float32 = token-for-token identical to vanilla"
+                                   + ("; q4q8 / int4 = the GGUF's own 4-bit weights (CPU)" if four else ""))
     return model_status, precision
 
 

@@ -83,7 +83,7 @@ def test_race_speedups_hold(page):
     from app.resources import Resources
     if Resources().default_method() != "switchsd":
         pytest.skip("the race needs the shipped EAGLE3 head and probe")
-    page.locator('#precision input[value="auto"]').check()     # the user's default (int4 here): ~4x float32's speed
+    page.locator('#precision input[value="auto"]').check()     # the user's default (q4q8 here: the fastest format)
     page.get_by_role("tab", name="Race").click()
     page.locator("#race-prompt textarea").fill("Write a friendly email to a colleague thanking them for their help "
                                                "with the quarterly report.")

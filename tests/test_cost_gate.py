@@ -217,8 +217,8 @@ def test_auto_dtype_reads_the_calibrated_choice(tmp_path, monkeypatch):
 
 
 def test_auto_format_int4_only_for_4bit_models(tmp_path, monkeypatch):
-    """Uncalibrated, a model from a 4-bit GGUF decodes in int4 on a CPU with native bf16 and a dense one never
-    does (float32 where bf16 is emulated); calibrated, the measured choice wins (its dense fallback for dense
+    """Uncalibrated, a model from a 4-bit GGUF decodes in q4q8 where its kernels build (else int4) and a dense one
+    never does (float32 where bf16 is emulated); calibrated, the measured choice wins (its dense fallback for dense
     models)."""
     import json
 
@@ -226,7 +226,16 @@ def test_auto_format_int4_only_for_4bit_models(tmp_path, monkeypatch):
     from switchsd.models.loading import DTYPES, auto_format, dtype_choice_path
     monkeypatch.setenv("SWITCHSD_CACHE", str(tmp_path))
     monkeypatch.delenv("SWITCHSD_CALIBRATION")           # the suite's own folder (conftest): not here
+    from switchsd.kernels import build
     from switchsd.models import loading as models
+    assert build.available("llama")                      # the suite's machines have a C compiler (make compiler)
+    assert auto_format("cpu", int4_ok=True) == "q4q8"
+    p = dtype_choice_path("cpu")
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps({"fastest": "q4q8", "fastest_dense": "float32"}))
+    assert auto_format("cpu", int4_ok=True) == "q4q8" and auto_format("cpu") == "float32"
+    p.unlink()
+    monkeypatch.setattr(build, "available", lambda name="llama": False)    # no C compiler: torch's int4 kernel
     assert auto_format("cpu", int4_ok=True) == ("int4" if available() else auto_format("cpu"))
     assert auto_format("cpu") in DTYPES and auto_format("cuda", int4_ok=True) == "bfloat16"
     monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: False)      # an AVX2-only CPU, uncalibrated
@@ -234,12 +243,21 @@ def test_auto_format_int4_only_for_4bit_models(tmp_path, monkeypatch):
     assert auto_format("cpu") == "float32"
     monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: True)
     assert auto_format("cpu", int4_ok=True) == ("int4" if available() else "bfloat16")
-    p = dtype_choice_path("cpu")
-    p.parent.mkdir(parents=True)
     p.write_text(json.dumps({"fastest": "int4-mixed", "fastest_dense": "float32"}))
     assert auto_format("cpu", int4_ok=True) == "int4-mixed" and auto_format("cpu") == "float32"
     p.write_text(json.dumps({"fastest": "bfloat16"}))
     assert auto_format("cpu", int4_ok=True) == "bfloat16"
+
+
+def test_the_format_is_chosen_over_the_whole_curve():
+    """Two formats with the same one-row step: the flatter curve decodes drafts for less, so it is chosen; with
+    nothing accepted (acceptance 0 only) they tie; a faster one-row step on a steep curve can still lose."""
+    from switchsd.models.calibrate import decode_ms_per_token
+    flat, steep = {1: 10.0, 2: 11.0, 4: 12.0, 8: 15.0}, {1: 10.0, 2: 19.0, 4: 37.0, 8: 75.0}
+    assert decode_ms_per_token(flat) < decode_ms_per_token(steep)
+    assert decode_ms_per_token(flat, (0.0,)) == decode_ms_per_token(steep, (0.0,)) == 10.0
+    assert decode_ms_per_token(flat) < decode_ms_per_token({k: 0.9 * v for k, v in steep.items()})
+    assert decode_ms_per_token(steep, (0.5,)) == 10.0       # on the steep curve no chain pays: plain steps
 
 
 def test_break_even_of_drafting_shapes():

@@ -163,13 +163,14 @@ def test_real_model_int4_chain_methods_equal_int4_vanilla():
         assert res.stats["tok_per_fwd"] > 1.1, method                  # the chains were drafted and accepted
 
 
-def test_studio_offers_int4_only_for_gguf_models_on_cpu():
+def test_studio_offers_the_4bit_formats_only_for_gguf_models_on_cpu():
     from app.resources import Resources, UserError
-    assert Resources(device="cpu").int4_available()
-    assert not Resources(model_name="some/hub-model", device="cpu").int4_available()
-    assert not Resources(device="cuda").int4_available()
-    with pytest.raises(UserError, match="int4"):
-        Resources(model_name="some/hub-model", device="cpu").lm("int4")
+    assert Resources(device="cpu").four_bit_formats() == ["q4q8", "int4"]
+    assert Resources(model_name="some/hub-model", device="cpu").four_bit_formats() == []
+    assert Resources(device="cuda").four_bit_formats() == []
+    for fmt in ("int4", "q4q8"):
+        with pytest.raises(UserError, match=fmt):
+            Resources(model_name="some/hub-model", device="cpu").lm(fmt)
 
 
 def test_int4_attends_in_float32_where_bfloat16_is_emulated(monkeypatch):

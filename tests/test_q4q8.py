@@ -153,3 +153,69 @@ def test_a_long_prefill_in_chunks_is_the_same_rows(monkeypatch):
     assert torch.equal(lg, lg2) and all(torch.equal(cap[s], cap2[s]) for s in SITES)
     assert torch.equal(whole.k[:, :, :, :50], parts.k[:, :, :, :50]) and len(parts) == 50
     assert torch.equal(last, lg[19:20])
+
+
+def test_a_batched_forward_is_each_sequences_own_forward_bit_for_bit():
+    """Serving's ragged batch (slots of other lengths, trees padded with filler rows) in one C call: each sequence's
+    rows equal its own single-sequence forward bit for bit; a row read from another slot would not."""
+    from switchsd.serve.batched import BatchedKV, batch_inputs, batched_forward
+    fwd = _tiny(2)._switchsd_q4q8
+    prompts = [random_prompt(10 + i, 5 + 3 * i) for i in range(3)]
+    cands = [[[5, 6, 7], [5, 9]], [[11]], [[1, 2, 3, 4], [8]]]
+    cache = BatchedKV(fwd, 4, 8)                           # grows while the prompts are written
+    for s, p in enumerate(prompts):
+        cache.lens[s] = 0
+        batched_forward(fwd, torch.tensor([p[:-1]]), cache, torch.arange(len(p) - 1)[None], None, rows=[1],
+                        first_slot=s)
+    trees = [build_tree(p[-1], c, 32, None, max_depth=8) for p, c in zip(prompts, cands)]
+    ids, pos, mask = batch_inputs(trees, cache.lens[:3], torch.float32, "cpu")
+    lg, cap = batched_forward(fwd, ids, cache, pos, mask, SITES, rows=[len(t.tokens) for t in trees])
+    at = 0
+    for r, (p, tree) in enumerate(zip(prompts, trees)):
+        own = fwd.new_cache(64)
+        fwd.forward(torch.tensor([p[:-1]]), own)
+        start = len(own)
+        ref, ref_cap = fwd.forward(torch.tensor([tree.tokens]), own, tree_positions(tree, start, torch.device("cpu"), 0),
+                                   tree_mask(tree, start, torch.float32, torch.device("cpu"), 0), SITES)
+        n = len(tree.tokens)
+        assert torch.equal(lg[at:at + n], ref), r
+        assert all(torch.equal(cap[s][r, :n], ref_cap[s][0]) for s in SITES), r
+        if r:                                              # negative control: the rows differ between sequences
+            assert not torch.equal(lg[at], lg[0])
+        at += n
+
+
+@pytest.mark.parametrize("method", ["vanilla", "copyspec"])
+def test_the_serving_engine_runs_q4q8_and_equals_single_requests(method):
+    from helpers import EOS
+    from switchsd.core.config import CopyConfig, EngineConfig
+    from switchsd.factory import make_engine
+    from switchsd.methods import build_policy
+    from switchsd.serve.engine import BatchedEngine, tokens_of
+    model = _tiny(4)
+    cfg = EngineConfig(max_new_tokens=20, budget=12)
+    make = lambda: make_engine(model, build_policy(method, (EOS,), CopyConfig(kappa=2)), cfg, (EOS,))  # noqa: E731
+    ps = {i: repetitive_prompt(i, n=8 + 3 * i, reps=2) if i % 2 else random_prompt(i, 5 + 4 * i) for i in range(5)}
+    be = BatchedEngine(model, lambda: make().decoder, cfg, max_batch=3)
+    assert be.lean is model._switchsd_q4q8
+    got = {i: tokens_of(e) for i, e in be.run_all(ps).items()}
+    for i, ids in ps.items():
+        assert got[i] == method_engine(model, "vanilla", max_new_tokens=20).run(ids).token_ids, (method, i)
+
+
+def test_regeneration_runs_q4q8_and_answers_greedily():
+    from helpers import EOS
+    from switchsd.models.loading import LoadedModel
+    from switchsd.training.regen import Regenerator
+
+    class Tok:
+        eos_token_id = EOS
+    model = _tiny(5)
+    prompts = [(f"p{i}", random_prompt(20 + i, n)) for i, n in enumerate([5, 9, 3])]
+    gen = Regenerator(LoadedModel(model=model, tokenizer=Tok(), name="tiny"), layers=(1, 1, 1), slots=2,
+                      max_new_tokens=10, max_prompt=32)
+    assert gen.lean is model._switchsd_q4q8
+    got = dict(gen.run(prompts))
+    for key, prompt in prompts:
+        s = got[key]
+        assert s["ids"].tolist() == prompt + method_engine(model, "vanilla", max_new_tokens=10).run(prompt).token_ids

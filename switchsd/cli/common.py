@@ -41,8 +41,9 @@ LOSSLESS_NOTE = ("note: {dtype} — every method verifies against the target as 
 def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default=None, help="HF id or local folder (default: offline SmolLM2-135M-Instruct)")
     ap.add_argument("--dtype", default="auto",
-                    help="auto (the fastest for decoding here: CUDA bfloat16; CPU what `python -m "
-                         "switchsd calibrate` measured, else bfloat16 with native bf16, else float32) | float32 "
+                    help="auto (the fastest for decoding here: CUDA bfloat16; CPU what `switchsd calibrate` measured over "
+                         "the whole verify curve, else q4q8 for a 4-bit GGUF model where a C compiler is present, "
+                         "else bfloat16 with native bf16, else float32) | float32 "
                          "(token-for-token identical to vanilla) | bfloat16 | int4 (CPU, GGUF models: the file's own "
                          "4-bit groups, bfloat16 activations) | int4-float32 (the same, float32 activations) | "
                          "int4-mixed (int4 for steps of up to 4 rows, wider verify forwards dense) | q4q8 (CPU, GGUF "

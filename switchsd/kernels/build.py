@@ -57,3 +57,12 @@ def load(name: str) -> ctypes.CDLL:
                 raise BuildError(f"building {src.name} with {cc} failed:\n{r.stderr[-4000:]}")
             os.replace(tmp_out, out)          # atomic: a concurrent build never loads a half-written file
     return ctypes.CDLL(str(out))
+
+
+def available(name: str = "llama") -> bool:
+    """Whether kernel `name` builds and loads here (a C compiler with OpenMP; a build takes about a second, once)."""
+    try:
+        load(name)
+        return True
+    except (BuildError, OSError):
+        return False

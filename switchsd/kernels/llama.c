@@ -272,13 +272,15 @@ static void swiglu(const float *g, const float *u, int64_t n, float *act, int pa
 }
 
 /* x [T, d] in/out (the embeddings in, the last layer's output out). w: per layer 4 packed matrices (q|k|v [H+2KV
-   heads x hd, d], o [d, H hd], gate|up [2I, d], down [d, I]); norms: per layer 2 vectors [d]. kc, vc: [L, KV, cap,
-   hd]; rows are written at positions start + t. cos, sin: [T, hd]. Row t sees the cache positions
-   keys[key_off[t] .. key_off[t + 1]) (ascending, its own included). capture: [2 L] flags (attn, mlp of each layer);
-   captured: the flagged sites' outputs [n_flagged, T, d] in layer order. Returns 0, or -1 when out of memory. */
+   heads x hd, d], o [d, H hd], gate|up [2I, d], down [d, I]); norms: per layer 2 vectors [d]. kc, vc: [L, slots, KV,
+   cap, hd] (one slot per sequence); row t belongs to slot slot[t] and is written at its position wpos[t]. cos, sin:
+   [T, hd]. Row t sees the positions keys[key_off[t] .. key_off[t + 1]) of its slot (ascending, its own included).
+   capture: [2 L] flags (attn, mlp of each layer); captured: the flagged sites' outputs [n_flagged, T, d] in layer
+   order. Returns 0, or -1 when out of memory. */
 int llama_forward(const Dims *dm, int64_t n_layers, const uint8_t *const *w, const float *const *norms, float *x,
-                  int64_t T, float *kc, float *vc, int64_t cap, int64_t start, const float *cos, const float *sin,
-                  const int32_t *key_off, const int32_t *keys, const int32_t *capture, float *captured) {
+                  int64_t T, float *kc, float *vc, int64_t slots, int64_t cap, const int32_t *slot, const int32_t *wpos,
+                  const float *cos, const float *sin, const int32_t *key_off, const int32_t *keys,
+                  const int32_t *capture, float *captured) {
     const int64_t d = dm->d, H = dm->heads, KV = dm->kv_heads, hd = dm->head_dim, I = dm->inter;
     const int64_t nq = (H + 2 * KV) * hd, kmax = d > I ? (d > H * hd ? d : H * hd) : (I > H * hd ? I : H * hd);
     int64_t most_keys = 0;
@@ -297,14 +299,19 @@ int llama_forward(const Dims *dm, int64_t n_layers, const uint8_t *const *w, con
     int ok = wk.q8 && wk.dx && wk.sx && wk.h && wk.qkv && wk.att && wk.gu && wk.act && wk.tmp && scores;
     int64_t n_cap = 0;
     const int vec = dm->path == 1 ? 1 : (have_avx2() ? 2 : 1);      /* the vector path where the CPU has it */
-    int64_t shared = start;            /* cache positions 0 .. shared - 1: seen, in order, by every row */
-    for (int64_t t = 0; t < T; t++) {
+    /* rows in runs of one slot: run r holds rows first[r] .. first[r + 1] - 1, and its rows all see the positions
+       0 .. shared[r] - 1, in order (read once for them all) */
+    int64_t *first = malloc(sizeof(int64_t) * (size_t)(T + 1)), *shared = malloc(sizeof(int64_t) * (size_t)T), n_runs = 0;
+    ok = ok && first && shared;
+    for (int64_t t = 0; ok && t < T; t++) {
+        if (t == 0 || slot[t] != slot[t - 1]) { first[n_runs] = t; shared[n_runs] = INT64_MAX; n_runs++; }
         int64_t n = key_off[t + 1] - key_off[t], p = 0;
-        while (p < shared && p < n && keys[key_off[t] + p] == p) p++;
-        shared = p;
+        while (p < shared[n_runs - 1] && p < n && keys[key_off[t] + p] == p) p++;
+        shared[n_runs - 1] = p;
     }
+    if (ok) first[n_runs] = T;
     for (int64_t l = 0; ok && l < n_layers; l++) {
-        float *K = kc + l * KV * cap * hd, *V = vc + l * KV * cap * hd;
+        float *K = kc + l * slots * KV * cap * hd, *V = vc + l * slots * KV * cap * hd;   /* layer l, slot 0 */
         double t0 = now();
         for (int64_t t = 0; t < T; t++) rms(x + t * d, norms[2 * l], d, dm->eps, wk.h + t * d);
         double t1 = now();
@@ -314,28 +321,30 @@ int llama_forward(const Dims *dm, int64_t n_layers, const uint8_t *const *w, con
             float *row = wk.qkv + t * nq;
             for (int64_t h = 0; h < H + KV; h++) rotate(row + h * hd, cos + t * hd, sin + t * hd, hd);
             for (int64_t h = 0; h < KV; h++) {
-                memcpy(K + (h * cap + start + t) * hd, row + (H + h) * hd, sizeof(float) * (size_t)hd);
-                memcpy(V + (h * cap + start + t) * hd, row + (H + KV + h) * hd, sizeof(float) * (size_t)hd);
+                int64_t at = ((slot[t] * KV + h) * cap + wpos[t]) * hd;
+                memcpy(K + at, row + (H + h) * hd, sizeof(float) * (size_t)hd);
+                memcpy(V + at, row + (H + KV + h) * hd, sizeof(float) * (size_t)hd);
             }
         }
         double t3 = now();
 #ifdef __x86_64__
-        if (vec == 2) {                 /* per query head, all rows together: the shared prefix's keys read once */
-#pragma omp parallel for schedule(static)
-            for (int64_t h = 0; h < H; h++) {
-                int64_t g = h / (H / KV);
-                attend_rows_avx2(wk.qkv + h * hd, nq, K + g * cap * hd, V + g * cap * hd, key_off, keys, T, shared, hd,
-                                 dm->scale, scores + h * T * (most_keys + 1), most_keys + 1, wk.att + h * hd, H * hd);
-            }
+        if (vec == 2) {                 /* per run and query head, its rows together: the shared keys read once */
+#pragma omp parallel for schedule(static) collapse(2)
+            for (int64_t r = 0; r < n_runs; r++)
+                for (int64_t h = 0; h < H; h++) {
+                    int64_t a = first[r], g = (slot[a] * KV + h / (H / KV)) * cap * hd;
+                    attend_rows_avx2(wk.qkv + a * nq + h * hd, nq, K + g, V + g, key_off + a, keys, first[r + 1] - a,
+                                     shared[r], hd, dm->scale, scores + (h * T + a) * (most_keys + 1),
+                                     most_keys + 1, wk.att + a * H * hd + h * hd, H * hd);
+                }
         } else
 #endif
 #pragma omp parallel for schedule(static) collapse(2)
         for (int64_t t = 0; t < T; t++)
             for (int64_t h = 0; h < H; h++) {
-                int64_t g = h / (H / KV);
-                attend(wk.qkv + t * nq + h * hd, K + g * cap * hd, V + g * cap * hd, keys + key_off[t],
-                       key_off[t + 1] - key_off[t], hd, dm->scale, scores + (t * H + h) * (most_keys + 1),
-                       wk.att + t * H * hd + h * hd, vec);
+                int64_t g = (slot[t] * KV + h / (H / KV)) * cap * hd;
+                attend(wk.qkv + t * nq + h * hd, K + g, V + g, keys + key_off[t], key_off[t + 1] - key_off[t], hd,
+                       dm->scale, scores + (t * H + h) * (most_keys + 1), wk.att + t * H * hd + h * hd, vec);
             }
         double t4 = now();
         product(w[4 * l + 1], wk.att, T, d, H * hd, wk.tmp, &wk, dm->path);
@@ -355,7 +364,7 @@ int llama_forward(const Dims *dm, int64_t n_layers, const uint8_t *const *w, con
         prof[P_O] += t5 - t4; prof[P_MLP_IN] += t6 - t5; prof[P_SWIGLU] += t7 - t6; prof[P_DOWN] += t8 - t7;
     }
     free(wk.q8); free(wk.dx); free(wk.sx); free(wk.h); free(wk.qkv); free(wk.att); free(wk.gu); free(wk.act);
-    free(wk.tmp); free(scores);
+    free(wk.tmp); free(scores); free(first); free(shared);
     return ok ? 0 : -1;
 }
 

@@ -8,8 +8,9 @@ round; the fastest of the rounds, so that a burst of other work on the machine i
 {n: ms} in `$SWITCHSD_CACHE/calibration/` (`$SWITCHSD_CALIBRATION` overrides the folder). That curve is what the
 cost gate decides with and what verify forwards are padded by (`switchsd.core.costs.VerifyCost`); an engine built
 for an uncalibrated device measures a short curve itself on first use (a few seconds). With `--dtype auto` on a CPU
-both float32 and bfloat16 are measured and the faster one for decoding (the one-token forward) becomes this device's
-`--dtype auto` (recorded in `dtype-cpu.json`). The default budget is the largest n whose forward costs at most
+every format is measured (float32, bfloat16, and for a 4-bit GGUF model int4 and q4q8) and the one
+that decodes fastest over its whole curve (`decode_ms_per_token`) becomes this device's `--dtype auto` (recorded in
+`dtype-cpu.json`). The default budget is the largest n whose forward costs at most
 `ratio` x a one-token forward (default 2.0). Recorded with the curve: per drafting shape (chains, copy tries,
 EAGLE's tree) the expected accepted draft tokens at which it starts to pay here (`break_even`); the cost gate makes
 that comparison every step with its online acceptance estimates.
@@ -29,9 +30,14 @@ from ..io import write_text_atomic
 from . import int4
 from .dense import attention_dtype
 from .forward import FORWARDS, make_target, resolve_forward
-from .loading import INT4, NOT_AUTO, LoadedModel, calibration_dir, dtype_choice_path, gguf_model, load_model
+from ..kernels.build import available as kernels_available
+from .loading import (GGUF_FORMATS, INT4, NOT_AUTO, Q4Q8, LoadedModel, calibration_dir, dtype_choice_path, gguf_model,
+                      load_model)
 
 DEFAULT_RATIO = 2.0
+# the workloads a format is chosen for: per drafted token acceptance 0 (nothing to draft: one-row steps), 0.5 (a
+# neural draft on chat) and 0.8 (a copy that mostly holds); each at the chain length the cost gate would pick
+ACCEPTANCE = (0.0, 0.5, 0.8)
 FALLBACK_BUDGET = 16
 POINTS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256)
 
@@ -198,6 +204,18 @@ def shapes_that_pay(curve: dict[int, float]) -> dict[str, float]:
     return {name: round(cost.break_even(rows), 3) for name, rows in SHAPES.items()}
 
 
+def decode_ms_per_token(curve: dict[int, float], acceptance=ACCEPTANCE, longest: int = 16) -> float:
+    """A format's expected decoding cost over its whole verify curve: the mean over `acceptance` workloads of
+    ms per committed token, a k-token chain (k + 1 rows) committing (1 - a^(k+1)) / (1 - a) tokens per forward,
+    at the best k <= `longest` for that curve (k = 0: plain decoding). One-row steps alone would miss what a flat
+    curve buys the drafting methods."""
+    cost = VerifyCost(curve)
+    per = []
+    for a in acceptance:
+        per.append(min(cost.ms(k + 1) / (sum(a ** i for i in range(k + 1))) for k in range(longest + 1)))
+    return sum(per) / len(per)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="HF id or folder (default: offline SmolLM2-135M-Instruct)")
@@ -215,8 +233,9 @@ def main(argv=None) -> None:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtypes = [args.dtype]
     if args.dtype == "auto" and device == "cpu":     # every format, to pick this CPU's --dtype auto
-        dtypes = ["float32", "bfloat16"] + (list(INT4) if gguf_model(args.model) and int4.available()
-                                            else [])
+        four_bit = gguf_model(args.model)
+        dtypes = (["float32", "bfloat16"] + (list(INT4) if four_bit and int4.available() else [])
+                  + ([Q4Q8] if four_bit and kernels_available("llama") else []))
     results, attention = {}, {}
     for dt in dtypes:
         lm = load_model(args.model, dt, device, attention="sdpa")
@@ -253,14 +272,17 @@ def main(argv=None) -> None:
             old = {}
     out = {"attention": {**old.get("attention", {}), **attention}}
     if len(results) > 1:
-        out["fastest"] = min([d for d in results if d not in NOT_AUTO] or results, key=lambda d: results[d]["curve_ms"][1])
-        dense = [d for d in results if d not in INT4]
+        score = {d: decode_ms_per_token(r["curve_ms"]) for d, r in results.items()}
+        out["fastest"] = min([d for d in results if d not in NOT_AUTO] or results, key=score.get)
+        dense = [d for d in results if d not in GGUF_FORMATS]
         if dense:
-            out["fastest_dense"] = min(dense, key=lambda d: results[d]["curve_ms"][1])
+            out["fastest_dense"] = min(dense, key=score.get)
         out["one_token_ms"] = {d: r["curve_ms"][1] for d, r in results.items()}
-        print(f"fastest dtype for decoding here: {out['fastest']} (--dtype auto uses it)")
+        out["decode_ms_per_token"] = {d: round(v, 3) for d, v in score.items()}
+        print(f"fastest format for decoding here: {out['fastest']} (--dtype auto uses it; expected ms per "
+              f"token over the curve: {out['decode_ms_per_token']})")
     else:
-        out.update({k: old[k] for k in ("fastest", "fastest_dense", "one_token_ms") if k in old})
+        out.update({k: old[k] for k in ("fastest", "fastest_dense", "one_token_ms", "decode_ms_per_token") if k in old})
     choice.parent.mkdir(parents=True, exist_ok=True)
     choice.write_text(json.dumps(out))
     print(f"attention kernels {out['attention']} -> {choice}")

@@ -36,6 +36,12 @@ def resolve_forward(model, forward: str = "auto") -> str:
     return "hf" if why else "lean"
 
 
+def own_forward(model):
+    """The model's own forward object: the q4q8 format's (switchsd.models.q4q8) where the model carries one, else
+    the lean forward. Every consumer (the engine, serving, regeneration, calibrate) runs the format through it."""
+    return getattr(model, "_switchsd_q4q8", None) or LeanLlama.of(model)
+
+
 class HFTarget:
     """transformers' forward: a DynamicCache and forward hooks for the hidden states."""
     kind = "hf"
@@ -78,8 +84,7 @@ class LeanTarget:
     kind = "lean"
 
     def __init__(self, model, sites: Iterable[Site] = ()):
-        # the q4q8 format's forward (switchsd.models.q4q8) where the model carries one, else the lean forward
-        self.model, self.lean = model, getattr(model, "_switchsd_q4q8", None) or LeanLlama.of(model)
+        self.model, self.lean = model, own_forward(model)
         self.sites = [(int(a), str(b)) for a, b in sites]
         for layer, where in self.sites:
             if not 0 <= layer < self.lean.n_layers:

@@ -32,9 +32,8 @@ INT4 = {"int4": (torch.bfloat16, 32), "int4-float32": (torch.float32, 32), "int4
 Q4Q8 = "q4q8"
 GGUF_FORMATS = (*INT4, Q4Q8)
 # formats `auto` never picks: int4-mixed takes int4's very one-token path (so calibrate's one-token timing only tells
-# them apart by noise), its wide rows are not bit for bit int4's, and end to end it measured within noise of int4;
-# q4q8 until the batched serving engine runs it too (it runs the single-sequence engine, the CLI and calibrate)
-NOT_AUTO = ("int4-mixed", "q4q8")
+# them apart by noise), its wide rows are not bit for bit int4's, and end to end it measured within noise of int4
+NOT_AUTO = ("int4-mixed",)
 
 
 class ModelLoadError(RuntimeError):
@@ -97,22 +96,26 @@ def dtype_choice_path(device: str) -> Path:
 
 def auto_format(device: str, int4_ok: bool = False) -> str:
     """The format that decodes fastest on `device`: bfloat16 on CUDA; on a CPU what `python -m switchsd calibrate`
-    measured as fastest (an int4 format only for models loaded from a 4-bit GGUF, `int4_ok`); uncalibrated, int4
-    for such models (a quarter of bfloat16's weight bytes: one-token forwards of the offline model 1.8x faster
-    than float32 on an AVX-512 BF16 CPU, 2.6x on an AVX2-only one, docs/results.md; prefills run in float32
-    where bf16 is emulated, `dense.wide_product`); for dense models bfloat16 on a CPU with native bf16 (AVX-512
-    BF16 / AMX), else float32 (emulated bf16 makes their prefills several times slower)."""
+    measured as fastest over the whole verify curve (a 4-bit format only for models loaded from a 4-bit GGUF,
+    `int4_ok`); uncalibrated, for such models q4q8 where its C kernels build (a C compiler), else int4 (both read
+    the GGUF's own 4-bit groups: docs/results.md has their curves beside llama.cpp's); for dense models bfloat16
+    on a CPU with native bf16 (AVX-512 BF16 / AMX), else float32 (emulated bf16 makes prefills several times
+    slower)."""
     if device.startswith("cuda"):
         return "bfloat16"
     try:
         choice = json.loads(dtype_choice_path(device).read_text())
         fastest = choice["fastest"] if int4_ok else choice.get("fastest_dense", choice["fastest"])
-        if fastest in DTYPES or (int4_ok and fastest in INT4):
+        if fastest in DTYPES or (int4_ok and fastest in GGUF_FORMATS):
             return fastest
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    if int4_ok and int4_available():
-        return "int4"
+    if int4_ok:
+        from ..kernels.build import available
+        if available("llama"):
+            return Q4Q8
+        if int4_available():
+            return "int4"
     return "bfloat16" if cpu_has_native_bf16() else "float32"
 
 

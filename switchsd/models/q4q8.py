@@ -40,7 +40,8 @@ class Dims(ctypes.Structure):
 def _lib() -> ctypes.CDLL:
     lib = load("llama")
     if not getattr(lib, "_typed", False):
-        lib.llama_forward.argtypes = [ctypes.POINTER(Dims), _I, _P, _P, _P, _I, _P, _P, _I, _I, _P, _P, _P, _P, _P, _P]
+        lib.llama_forward.argtypes = [ctypes.POINTER(Dims), _I, _P, _P, _P, _I, _P, _P, _I, _I, _P, _P, _P, _P, _P, _P,
+                                      _P, _P]
         lib.llama_forward.restype = ctypes.c_int
         lib.llama_head.argtypes = [ctypes.POINTER(Dims), _P, _I, _P, _P, ctypes.c_int, _I, _P]
         lib.llama_head.restype = ctypes.c_int
@@ -172,6 +173,52 @@ class Q4Q8Llama:
         off[1:] = torch.bincount(rows, minlength=T).cumsum(0)
         return off, cols.to(torch.int32).contiguous()
 
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """RMS norm in torch (float32), for callers that norm captured states themselves (regeneration)."""
+        x = x.float()
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.dims.eps))
+
+    def _sites(self, sites: Iterable[Site]) -> tuple[list[Site], torch.Tensor]:
+        want = sorted({(int(a), str(b)) for a, b in sites})
+        for layer, where in want:
+            if not 0 <= layer < self.n_layers or where not in ("attn", "mlp"):
+                raise ValueError(f"capture site {(layer, where)} out of range")
+        flags = torch.zeros(2 * self.n_layers, dtype=torch.int32)
+        for layer, where in want:
+            flags[2 * layer + (where == "mlp")] = 1
+        return want, flags
+
+    def _run(self, ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: torch.Tensor, wpos: torch.Tensor,
+             pos: torch.Tensor, off: torch.Tensor, keys: torch.Tensor, want: list[Site], flags: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The C forward of rows ids [N] (row n: cache slot slot[n], written at wpos[n], rotary position pos[n],
+        sees keys[off[n]:off[n + 1]] of its slot). k, v: [L, slots, KV, cap, hd]. Returns the last layer's output
+        [N, d] and the captured sites [len(want), N, d]."""
+        N = ids.shape[0]
+        self._rotary(max(int(pos.max()) + 1, k.shape[3]))
+        cos, sin = self._cos[pos].contiguous(), self._sin[pos].contiguous()          # [N, hd]
+        captured = torch.empty(len(want), N, self.dims.d)
+        x = self.embed[ids].contiguous()                                              # [N, d]
+        slot, wpos = slot.to(torch.int32).contiguous(), wpos.to(torch.int32).contiguous()
+        rc = self.lib.llama_forward(ctypes.byref(self.dims), self.n_layers, self._w, self._n, x.data_ptr(), N,
+                                    k.data_ptr(), v.data_ptr(), k.shape[1], k.shape[3], slot.data_ptr(),
+                                    wpos.data_ptr(), cos.data_ptr(), sin.data_ptr(), off.data_ptr(), keys.data_ptr(),
+                                    flags.data_ptr(), captured.data_ptr())
+        if rc:
+            raise MemoryError("q4q8 forward: out of memory")
+        return x, captured
+
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x [R, d] (last layer's output) -> logits [R, V]: the final norm and the head, in C."""
+        x = x.contiguous()
+        logits = torch.empty(x.shape[0], self.vocab)
+        rc = self.lib.llama_head(ctypes.byref(self.dims), x.data_ptr(), x.shape[0], self.norm.data_ptr(),
+                                 self.head.packed.data_ptr(), isinstance(self.head, Q8Linear), self.vocab,
+                                 logits.data_ptr())
+        if rc:
+            raise MemoryError("q4q8 head: out of memory")
+        return logits
+
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: StaticKVCache, position_ids: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, sites: Iterable[Site] = (), logit_rows: int | None = None
@@ -184,31 +231,40 @@ class Q4Q8Llama:
         end = start + T
         cache.reserve(end)
         pos = (torch.arange(start, end) if position_ids is None else position_ids[0].cpu()).long()
-        self._rotary(max(int(pos.max()) + 1, cache.capacity))
-        cos, sin = self._cos[pos].contiguous(), self._sin[pos].contiguous()          # [T, hd]
         off, keys = self.keys_seen(start, T, mask)
-        want = sorted({(int(a), str(b)) for a, b in sites})
-        for layer, where in want:
-            if not 0 <= layer < self.n_layers or where not in ("attn", "mlp"):
-                raise ValueError(f"capture site {(layer, where)} out of range")
-        flags = torch.zeros(2 * self.n_layers, dtype=torch.int32)
-        for layer, where in want:
-            flags[2 * layer + (where == "mlp")] = 1
-        d = self.dims.d
-        captured = torch.empty(len(want), T, d)
-        x = self.embed[ids[0].cpu()].contiguous()                                     # [T, d]
-        rc = self.lib.llama_forward(ctypes.byref(self.dims), self.n_layers, self._w, self._n, x.data_ptr(), T,
-                                    cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity, start, cos.data_ptr(),
-                                    sin.data_ptr(), off.data_ptr(), keys.data_ptr(), flags.data_ptr(),
-                                    captured.data_ptr())
-        if rc:
-            raise MemoryError("q4q8 forward: out of memory")
+        want, flags = self._sites(sites)
+        x, captured = self._run(ids[0].cpu(), cache.k, cache.v, torch.zeros(T, dtype=torch.int32),
+                                torch.arange(start, end), pos, off, keys, want, flags)
         cache.length = end
-        x = (x[-1:] if logit_rows == -1 else x[:logit_rows]).contiguous()
-        logits = torch.empty(x.shape[0], self.vocab)
-        rc = self.lib.llama_head(ctypes.byref(self.dims), x.data_ptr(), x.shape[0], self.norm.data_ptr(),
-                                 self.head.packed.data_ptr(), isinstance(self.head, Q8Linear), self.vocab,
-                                 logits.data_ptr())
-        if rc:
-            raise MemoryError("q4q8 head: out of memory")
+        logits = self.head_logits(x[-1:] if logit_rows == -1 else x[:logit_rows])
         return logits, {site: captured[i][None] for i, site in enumerate(want)}
+
+    @torch.inference_mode()
+    def forward_batched(self, ids: torch.Tensor, cache, pos: torch.Tensor, mask: torch.Tensor | None,
+                        sites: Iterable[Site] = (), rows=None, first_slot: int = 0
+                        ) -> tuple[torch.Tensor, dict[Site, torch.Tensor]]:
+        """`serve.batched.batched_forward` in this format: ids, pos [b, T] for slots first_slot.., each after its
+        own len; mask [b, 1, T, S] or None (causal, equal lens). Every row computed alone, as in `forward`."""
+        b, T = ids.shape
+        lens = torch.tensor(cache.lens[first_slot:first_slot + b])
+        S = int(lens.max()) + T
+        cache.reserve(S)
+        if mask is None:
+            if len(set(lens.tolist())) != 1:
+                raise ValueError("a causal batched forward needs rows of equal length: pass a mask")
+            vis = torch.ones(T, S, dtype=torch.bool).tril(int(lens[0])).expand(b, T, S)
+        else:
+            vis = (mask[:, 0] == 0 if mask.dtype != torch.bool else mask[:, 0]).cpu()      # [b, T, S]
+        r_, cols = vis.reshape(b * T, -1).nonzero(as_tuple=True)
+        off = torch.zeros(b * T + 1, dtype=torch.int32)
+        off[1:] = torch.bincount(r_, minlength=b * T).cumsum(0)
+        slot = torch.arange(first_slot, first_slot + b).repeat_interleave(T)
+        wpos = (lens[:, None] + torch.arange(T)[None]).reshape(-1)
+        want, flags = self._sites(sites)
+        x, captured = self._run(ids.reshape(-1).cpu(), cache.k, cache.v, slot, wpos, pos.reshape(-1).cpu().long(),
+                                off, cols.to(torch.int32).contiguous(), want, flags)
+        for r in range(b):
+            cache.lens[first_slot + r] += T
+        x = x.view(b, T, -1)
+        x = x.reshape(b * T, -1) if rows is None else torch.cat([x[r, :n] for r, n in enumerate(rows)])
+        return self.head_logits(x), {site: captured[i].view(b, T, -1) for i, site in enumerate(want)}

@@ -104,6 +104,8 @@ def batched_forward(lean: LeanLlama, ids: torch.Tensor, cache: BatchedKV, pos: t
     of row r (logits are computed for those only). `grouped`: one-token rows (T = 1, with a mask) attend by
     grouped matmuls (`grouped_attention`) instead of SDPA. Returns (logits [sum(rows), V] in row order,
     {site: [b, T, d]}). The caller rolls each slot back with `cache.keep`; lens advance by T here."""
+    if getattr(lean, "kind", None) == "q4q8":           # one C call, every row computed alone (models.q4q8)
+        return lean.forward_batched(ids, cache, pos, mask, sites, rows, first_slot)
     b, T = ids.shape
     sl = slice(first_slot, first_slot + b)
     lens = cache.lens[sl]

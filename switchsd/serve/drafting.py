@@ -21,13 +21,13 @@ import torch
 
 from ..core.drafting import Draft, DraftRequest
 from ..core.tree import build_tree
-from ..models.lean import LeanLlama
+from ..models.forward import own_forward
 from .batched import BatchedKV, batch_inputs, batched_forward
 
 
 class BatchDrafter:
     def __init__(self, model, gamma: int, slots: int = 8):
-        self.lean, self.gamma = LeanLlama.of(model), gamma
+        self.lean, self.gamma = own_forward(model), gamma
         self.cache = BatchedKV(self.lean, slots, 256)
         self.rids: list = []                         # slot i holds request rids[i]
         self.seen: list[list[int]] = []              # tokens whose K/V are in slot i

@@ -19,7 +19,7 @@ import torch
 from ..core.config import EngineConfig
 from ..core.engine import Decoder, Request, check_prompt
 from ..core.events import StepEvent
-from ..models.lean import LeanLlama
+from ..models.forward import own_forward
 from .batched import BatchedKV, batch_inputs, batched_forward
 
 
@@ -37,7 +37,7 @@ class BatchedEngine:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model, self.make_decoder, self.cfg, self.max_batch = model, make_decoder, cfg, max_batch
-        self.lean = LeanLlama.of(model)
+        self.lean = own_forward(model)
         self.max_length = max_length or int(getattr(model.config, "max_position_embeddings", 1 << 30))
         self.sites = list(sites)
         self.cache = BatchedKV(self.lean, max_batch, 256)

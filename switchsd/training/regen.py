@@ -18,7 +18,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from ..models.lean import LeanLlama
+from ..models.forward import own_forward
 from ..models.loading import LoadedModel
 from ..serve.batched import BatchedKV, batched_forward
 
@@ -37,7 +37,7 @@ class Regenerator:
     def __init__(self, lm: LoadedModel, layers: tuple[int, int, int], slots: int = 32, max_new_tokens: int = 512,
                  max_prompt: int = 1536):
         self.lm, self.slots, self.max_new, self.max_prompt = lm, slots, max_new_tokens, max_prompt
-        self.lean = LeanLlama.of(lm.model)
+        self.lean = own_forward(lm.model)
         self.eos = lm.eos_ids()
         last = self.lean.n_layers - 1
         # hidden_states index i (the input to layer i) = site (i - 1, "mlp"); the final state is normed later
