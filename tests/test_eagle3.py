@@ -708,3 +708,28 @@ def test_wide_forwards_through_a_float32_copy_stay_lossless(target, trained_head
             assert res.token_ids == greedy_reference(target, ids, 30, eos=None)
     assert calls and min(calls) >= e3.WIDE_ROWS
     del e3._WIDE[trained_head]
+
+
+def test_the_q8_head_drafts_close_to_the_head_and_stays_lossless(target, trained_head):
+    """On a CPU a 16-bit or float32 head drafts through its Q8_0 copy (C kernels): its draft law stays near the
+    head's own, the copy is made once per head, and a float32 target decoded with it still equals vanilla."""
+    import copy
+
+    from switchsd.drafters.eagle3 import q8_head
+    head32 = copy.deepcopy(trained_head).float()
+    fast = q8_head(head32)
+    assert fast is not None and fast is q8_head(head32) and q8_head(trained_head) is None   # float64: kept
+    out = torch.randn(5, H, generator=torch.Generator().manual_seed(0))
+    p, q = torch.softmax(head32.logits(out), -1), torch.softmax(fast.logits(out), -1)
+    assert 0 < (p - q).abs().sum(-1).max() < 0.1
+    target32 = copy.deepcopy(target).float()
+    drafter = Eagle3Drafter(head32, target32, chain=True, gamma=4)
+    assert drafter.head is fast
+    policy = build_policy("eagle3", (), CopyConfig(), drafter, neural_cfg=NeuralConfig(shape="chain"))
+    accepted = 0
+    for seed in range(6):
+        ids = repetitive_prompt(seed) if seed % 2 else random_prompt(300 + seed, 6 + seed % 5)
+        res = make_engine(target32, policy, EngineConfig(max_new_tokens=30, stop_at_eos=False), ()).run(ids)
+        assert res.token_ids == greedy_reference(target32, ids, 30, eos=None)
+        accepted += sum(len(e.accepted) for e in res.events if e.path == "neural")
+    assert accepted >= 10, accepted

@@ -53,13 +53,56 @@ def wide_head(head: Eagle3Head) -> Eagle3Head | None:
 _WIDE: "weakref.WeakKeyDictionary[Eagle3Head, Eagle3Head]" = weakref.WeakKeyDictionary()
 
 
+class _Q8(torch.nn.Module):
+    """A linear layer as Q8_0 blocks through the C kernel (switchsd/kernels/q4q8.c); float32 in and out."""
+
+    def __init__(self, lin: torch.nn.Linear):
+        super().__init__()
+        from ..kernels.q4q8 import Q8Linear
+        self.q8 = Q8Linear.quantize(lin.weight)
+        self.register_buffer("weight", torch.empty(0), persistent=False)      # dtype / device, as nn.Linear's
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.q8(x)
+
+
+def q8_head(head: Eagle3Head) -> Eagle3Head | None:
+    """A float32 copy of the head whose matrices (fc, q/k/v/o, the MLP, the draft LM head) are Q8_0 blocks through
+    the C kernels, made once per head: on a CPU a drafting step then reads a quarter of float32's bytes with no
+    16-bit emulation (norms, rotary and attention stay torch float32). Drafts only: verification decides what is
+    kept, and at T > 0 the q it is given is this head's. A float64 head (the tests' reference arithmetic) is kept
+    as it is; None off CPU, where the kernels do not build, or for shapes they do not take."""
+    from ..kernels.build import available
+    w = head.fc.weight
+    if w.device.type != "cpu" or w.dtype == torch.float64 or not available("q4q8"):
+        return None
+    if head not in _Q8HEADS:
+        fast = copy.deepcopy(head).float()
+        m = fast.midlayer
+        try:
+            for owner, name in ((fast, "fc"), (fast, "lm_head"), (m.self_attn, "q_proj"), (m.self_attn, "k_proj"),
+                                (m.self_attn, "v_proj"), (m.self_attn, "o_proj"), (m.mlp, "gate_proj"),
+                                (m.mlp, "up_proj"), (m.mlp, "down_proj")):
+                setattr(owner, name, _Q8(getattr(owner, name)))
+        except ValueError:                    # dimensions the kernels do not take (multiples of 32 and 8)
+            return None
+        _Q8HEADS[head] = fast
+    return _Q8HEADS[head]
+
+
+_Q8HEADS: "weakref.WeakKeyDictionary[Eagle3Head, Eagle3Head]" = weakref.WeakKeyDictionary()
+
+
 class Eagle3Drafter:
     name = "eagle3"
     path = "neural"
 
     def __init__(self, head: Eagle3Head, target, tree: TreeConfig = TreeConfig(), chain: bool = False,
-                 gamma: int = 5, sampling: SamplingConfig = SamplingConfig(), generator: torch.Generator | None = None):
-        self.head, self.tree, self.chain, self.gamma = head, tree, chain, gamma
+                 gamma: int = 5, sampling: SamplingConfig = SamplingConfig(), generator: torch.Generator | None = None,
+                 q8: bool = True):
+        """`q8`: on a CPU, draft through the head's Q8_0 copy (`q8_head`) where the kernels build."""
+        self.head = (q8_head(head) if q8 else None) or head
+        self.tree, self.chain, self.gamma = tree, chain, gamma
         self.sampling = sampling
         self.generator = generator or torch.Generator().manual_seed(0)
         self.embed = target.get_input_embeddings()
@@ -70,7 +113,7 @@ class Eagle3Drafter:
         # input to layer i == output of layer i-1 (the "mlp" site of layer i-1)
         self.sites = tuple((i - 1, "mlp") for i in self.layers)
         self.vocab = target.config.vocab_size
-        self.wide = wide_head(head)
+        self.wide = wide_head(self.head)
         self.reset([])
 
     def _for_rows(self, n: int) -> Eagle3Head | None:
@@ -145,7 +188,8 @@ class Eagle3Drafter:
 
     def _embed(self, toks: torch.Tensor) -> torch.Tensor:
         """Target token embeddings [..., H] on the head's device (the embedding may live on another GPU)."""
-        return self.embed(toks.to(self.embed.weight.device)).to(self.head.fc.weight.device)
+        w = self.head.fc.weight
+        return self.embed(toks.to(self.embed.weight.device)).to(w.device, w.dtype)
 
     def _dist(self, out: torch.Tensor) -> torch.Tensor:
         return target_dist(self.head, out, self.sampling, self.vocab)

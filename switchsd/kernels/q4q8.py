@@ -109,6 +109,14 @@ class Q8Linear:
         self.lib = _lib()
         self.lib.q8_pack(self.codes.data_ptr(), self.dw.data_ptr(), n, k, self.packed.data_ptr())
 
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, path: str = "auto") -> "Q8Linear":
+        """A float matrix [N, K] to Q8_0 blocks (llama.cpp's: d = max |w| / 127 per 32 along K, q = round(w / d))."""
+        w = weight.detach().float().reshape(weight.shape[0], -1, QK)
+        d = w.abs().amax(-1) / 127                                                   # [N, K/32]
+        q = torch.where(d[..., None] > 0, w / d[..., None].clamp_min(1e-30), 0).round().clamp(-127, 127)
+        return cls(q.to(torch.int8).reshape(weight.shape), d.half(), path)
+
     def dequantized(self) -> torch.Tensor:
         return self.dw.float().repeat_interleave(QK, 1) * self.codes.float()
 
