@@ -162,7 +162,7 @@ def test_race_leaks_no_hooks_and_state_keeps_no_hidden_vectors():
     and 3 finished races leave no hook on the model; the inspector's state holds no hidden vectors."""
     from app import handlers, race
     from app.resources import Resources
-    res = Resources(forward="hf")
+    res = Resources(forward="hf", dtype="float32")
     model = res.lm().model
 
     def hooks() -> int:

@@ -113,6 +113,7 @@ def _race_once(page) -> bool:
                           "paths: (l.querySelector('.ssd-paths') || {}).innerText || '', "
                           "why: (l.querySelector('.ssd-why') || {}).innerText || ''}))")
     assert [x["name"] for x in lanes] == ["vanilla", "switchsd", "eagle3", "copyspec"], lanes
+    print("race:", [(x["name"], x["stats"]) for x in lanes])      # shown when the test fails
     plain, ok = 0, True
     for lane in lanes:
         m = LANE_STATS.search(lane["stats"])

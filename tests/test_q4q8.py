@@ -188,6 +188,7 @@ def test_a_batched_forward_is_each_sequences_own_forward_bit_for_bit():
 @pytest.mark.parametrize("method", ["vanilla", "copyspec"])
 def test_the_serving_engine_runs_q4q8_and_equals_single_requests(method):
     from helpers import EOS
+
     from switchsd.core.config import CopyConfig, EngineConfig
     from switchsd.factory import make_engine
     from switchsd.methods import build_policy
@@ -205,6 +206,7 @@ def test_the_serving_engine_runs_q4q8_and_equals_single_requests(method):
 
 def test_regeneration_runs_q4q8_and_answers_greedily():
     from helpers import EOS
+
     from switchsd.models.loading import LoadedModel
     from switchsd.training.regen import Regenerator
 

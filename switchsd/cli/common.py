@@ -36,6 +36,9 @@ LOSSLESS_NOTE = ("note: {dtype} — every method verifies against the target as 
                  "up to 32), but in wider forwards, or on a GPU, two nearly tied tokens can round differently, so "
                  "texts may part from vanilla's at such a near-tie. --dtype float32 gives token-for-token identity "
                  "with vanilla greedy decoding.")
+Q4Q8_NOTE = ("note: q4q8 — every method verifies against the target as computed in q4q8, whose forward computes "
+             "every row alone (any width): each method's text equals q4q8 vanilla's token for token. --dtype "
+             "float32 gives identity with float32 vanilla greedy decoding.")
 
 
 def add_model_args(ap: argparse.ArgumentParser) -> None:
@@ -154,7 +157,9 @@ def load(args) -> LoadedModel:
         lm = load_model(args.model, args.dtype, args.device, args.device_map)
     except (ModelLoadError, ValueError) as e:
         raise fail(str(e)) from None
-    if lm.precision != "float32":
+    if lm.precision == "q4q8":
+        print(Q4Q8_NOTE, file=sys.stderr)
+    elif lm.precision != "float32":
         print(LOSSLESS_NOTE.format(dtype=lm.precision), file=sys.stderr)
     return lm
 

@@ -289,7 +289,7 @@ def report(args: argparse.Namespace, r: BenchRun) -> None:
     md = table(summary)
     m = r.meta
     (out / "table.md").write_text(f"{args.dataset}, {len(r.encoded)} prompts, {m['model']} on {m['device']} "
-                                  f"({r.lm.dtype}), budget {m['budget']}, max_new_tokens "
+                                  f"({r.lm.precision}), budget {m['budget']}, max_new_tokens "
                                   f"{m['engine']['max_new_tokens']}, T={m['engine']['sampling']['temperature']}"
                                   f"\n\n{md}\n\n{summarize_mismatches(mismatches)}\n")
     print(md)

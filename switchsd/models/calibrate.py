@@ -27,12 +27,21 @@ import torch
 
 from ..core.costs import VerifyCost
 from ..io import write_text_atomic
+from ..kernels.build import available as kernels_available
 from . import int4
 from .dense import attention_dtype
 from .forward import FORWARDS, make_target, resolve_forward
-from ..kernels.build import available as kernels_available
-from .loading import (GGUF_FORMATS, INT4, NOT_AUTO, Q4Q8, LoadedModel, calibration_dir, dtype_choice_path, gguf_model,
-                      load_model)
+from .loading import (
+    GGUF_FORMATS,
+    INT4,
+    NOT_AUTO,
+    Q4Q8,
+    LoadedModel,
+    calibration_dir,
+    dtype_choice_path,
+    gguf_model,
+    load_model,
+)
 
 DEFAULT_RATIO = 2.0
 # the workloads a format is chosen for: per drafted token acceptance 0 (nothing to draft: one-row steps), 0.5 (a
