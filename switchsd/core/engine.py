@@ -101,6 +101,8 @@ class Decoder:
 
     def feed(self, last: dict, rows: list[int] | slice) -> None:
         """Give feature-reading drafters the target's hidden states at the newly cached positions."""
+        if isinstance(rows, list) and rows == list(range(rows[0], rows[0] + len(rows))):
+            rows = slice(rows[0], rows[0] + len(rows))          # contiguous (a plain step's [0]): views, no copies
         for d in self.feature_drafters:
             d.add_features({s: last[s][rows] for s in d.sites})        # site -> [n_new, d]
 

@@ -135,7 +135,8 @@ class Eagle3Drafter:
     # -- protocol ------------------------------------------------------------------------------------------
     def reset(self, tokens: Sequence[int]) -> None:
         self.k = self.v = None          # stable KV [1, kvh, S, hd]; S = positions paired so far
-        self.pending: list[torch.Tensor] = []   # fused features [n, 3Ht] not yet in the stable cache
+        self.pending: list[list[torch.Tensor]] = []   # per step, the fused layers' features [n, Ht] each, not yet
+                                                      # in the stable cache (joined at the next catch-up)
         self.last_out: torch.Tensor | None = None   # output at the last paired position [H]
         self.tokens = tokens
         self.held: tuple[Draft, list[float]] | None = None     # this step's confident_chain, for propose
@@ -148,7 +149,7 @@ class Eagle3Drafter:
         self.held = None
         # with device_map the fused layers may sit on different GPUs: gather them on the head's device
         dev = self.head.fc.weight.device
-        self.pending.append(torch.cat([feats[s].to(dev) for s in self.sites], -1))   # [n, 3Ht] low|mid|high
+        self.pending.append([feats[s].to(dev) for s in self.sites])          # low, mid, high: [n, Ht] each
 
     @property
     def synced(self) -> int:
@@ -158,7 +159,7 @@ class Eagle3Drafter:
     @torch.inference_mode()
     def _catch_up(self) -> torch.Tensor:
         """Feed the pending (g_t, x_{t+1}) pairs in one forward; returns the last output [H]."""
-        g = torch.cat(self.pending, 0)                                  # [n, 3Ht]
+        g = torch.cat([torch.cat(parts, 0) for parts in zip(*self.pending)], -1)   # [n, 3Ht] low|mid|high
         self.pending = []
         start, n = self.synced, g.shape[0]
         dev = g.device

@@ -32,6 +32,17 @@ PHASES = ("norm", "q|k|v", "rotary + cache", "attention", "o + residual", "norm 
           "down + residual", "head")
 
 
+_ARANGE = torch.arange(0, dtype=torch.int32)
+
+
+def _positions(n: int) -> torch.Tensor:
+    """0 .. n - 1 as int32 (a view of one growing table)."""
+    global _ARANGE
+    if _ARANGE.numel() < n:
+        _ARANGE = torch.arange(max(n, 2 * _ARANGE.numel(), 1024), dtype=torch.int32)
+    return _ARANGE[:n]
+
+
 class Dims(ctypes.Structure):
     _fields_ = [("d", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("inter", _I),
                 ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("path", ctypes.c_int)]
@@ -164,6 +175,8 @@ class Q4Q8Llama:
     @staticmethod
     def keys_seen(start: int, T: int, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(offsets [T + 1], positions) int32: row t attends the cache positions positions[off[t]:off[t + 1]]."""
+        if mask is None and T == 1:                          # a one-row step sees every position: 0 .. start
+            return torch.tensor([0, start + 1], dtype=torch.int32), _positions(start + 1)
         if mask is None:
             vis = torch.ones(T, start + T, dtype=torch.bool).tril(start)
         else:
