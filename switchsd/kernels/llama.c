@@ -155,104 +155,70 @@ static void swiglu_avx2(const float *g, const float *u, int64_t n, float *act) {
     for (; i < n; i++) act[i] = g[i] / (1.0f + exp_poly(-g[i])) * u[i];
 }
 
+/* One row's attention for one head over `n` keys at cache positions `pos` (ascending; kc, vc: [cap, hd] of its kv
+   head). Scores four keys at a time, each as 8 lane sums reduced by a fixed tree, ((l0 + l4) + (l2 + l6)) +
+   ((l1 + l5) + (l3 + l7)) (four keys' trees at once through a 4x4 transpose), times scale; m = max; p_j =
+   exp(s_j - m); o = (sum_j p_j v_j) / (sum_j p_j), sums in key order, 64 outputs at a time in registers. The same
+   operations in the same order as attend_portable, so the same bits. */
 __attribute__((target("avx2")))
 static void attend_avx2(const float *q, const float *kc, const float *vc, const int32_t *pos, int64_t n, int64_t hd,
-                        float scale, float *scores, float *out) {
-    float m = -INFINITY;
-    for (int64_t j = 0; j < n; j++) {
+                        float scale, float *sc, float *o) {
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float *k0 = kc + (int64_t)pos[j] * hd, *k1 = kc + (int64_t)pos[j + 1] * hd;
+        const float *k2 = kc + (int64_t)pos[j + 2] * hd, *k3 = kc + (int64_t)pos[j + 3] * hd;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t i = 0; i < hd; i += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + i);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(qv, _mm256_loadu_ps(k0 + i)));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(qv, _mm256_loadu_ps(k1 + i)));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(qv, _mm256_loadu_ps(k2 + i)));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(qv, _mm256_loadu_ps(k3 + i)));
+        }
+        __m128 x0 = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));    /* l_c + l_{c+4} */
+        __m128 x1 = _mm_add_ps(_mm256_castps256_ps128(a1), _mm256_extractf128_ps(a1, 1));
+        __m128 x2 = _mm_add_ps(_mm256_castps256_ps128(a2), _mm256_extractf128_ps(a2, 1));
+        __m128 x3 = _mm_add_ps(_mm256_castps256_ps128(a3), _mm256_extractf128_ps(a3, 1));
+        _MM_TRANSPOSE4_PS(x0, x1, x2, x3);               /* x_c: lane c of the four keys */
+        __m128 r = _mm_add_ps(_mm_add_ps(x0, x2), _mm_add_ps(x1, x3));
+        _mm_storeu_ps(sc + j, _mm_mul_ps(r, _mm_set1_ps(scale)));
+    }
+    for (; j < n; j++) {
         const float *k = kc + (int64_t)pos[j] * hd;
         __m256 acc = _mm256_setzero_ps();
         for (int64_t i = 0; i < hd; i += 8)
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i)));
-        __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));   /* a_j + a_{j+4} */
-        __m128 s2 = _mm_add_ps(s1, _mm_movehl_ps(s1, s1));        /* (a0+a4)+(a2+a6), (a1+a5)+(a3+a7) */
-        float s = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1))) * scale;
-        scores[j] = s;
-        m = s > m ? s : m;
+        __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        __m128 s2 = _mm_add_ps(s1, _mm_movehl_ps(s1, s1));
+        sc[j] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1))) * scale;
     }
-    int64_t j = 0;
+    float m = -INFINITY;
+    for (j = 0; j < n; j++) m = sc[j] > m ? sc[j] : m;
     const __m256 mv = _mm256_set1_ps(m);
-    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(scores + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), mv)));
-    for (; j < n; j++) scores[j] = exp_poly(scores[j] - m);
+    for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(sc + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mv)));
+    for (; j < n; j++) sc[j] = exp_poly(sc[j] - m);
+    for (int64_t c = 0; c < hd; c += 64) {
+        const int w = hd - c >= 64 ? 8 : (int)((hd - c) / 8);
+        __m256 a[8];
+        for (int u = 0; u < 8; u++) a[u] = _mm256_setzero_ps();
+        if (w == 8) {                   /* the common head size: a constant trip count keeps a[] in registers */
+            for (j = 0; j < n; j++) {
+                const float *v = vc + (int64_t)pos[j] * hd + c;
+                const __m256 pv = _mm256_set1_ps(sc[j]);
+                for (int u = 0; u < 8; u++) a[u] = _mm256_add_ps(a[u], _mm256_mul_ps(pv, _mm256_loadu_ps(v + 8 * u)));
+            }
+        } else {
+            for (j = 0; j < n; j++) {
+                const float *v = vc + (int64_t)pos[j] * hd + c;
+                const __m256 pv = _mm256_set1_ps(sc[j]);
+                for (int u = 0; u < w; u++) a[u] = _mm256_add_ps(a[u], _mm256_mul_ps(pv, _mm256_loadu_ps(v + 8 * u)));
+            }
+        }
+        for (int u = 0; u < w; u++) _mm256_storeu_ps(o + c + 8 * u, a[u]);
+    }
     float sum = 0.0f;
-    for (int64_t i = 0; i < hd; i++) out[i] = 0.0f;
-    for (j = 0; j < n; j++) {
-        float p = scores[j];
-        sum = sum + p;
-        const float *v = vc + (int64_t)pos[j] * hd;
-        const __m256 pv = _mm256_set1_ps(p);
-        for (int64_t i = 0; i < hd; i += 8)
-            _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i), _mm256_mul_ps(pv, _mm256_loadu_ps(v + i))));
-    }
-    for (int64_t i = 0; i < hd; i++) out[i] = out[i] / sum;
-}
-
-/* One query head's attention for all T rows at once: the keys every row sees (the cached prefix, positions
-   0 .. shared - 1) are loaded once and used by every row; each row's own keys (its rows of this forward) follow.
-   Per row the scores, the softmax and the value sums are attend_avx2's, in the same order, so the bits are too. */
-__attribute__((target("avx2")))
-static void attend_rows_avx2(const float *q, int64_t q_stride, const float *kc, const float *vc, const int32_t *key_off,
-                             const int32_t *keys, int64_t T, int64_t shared, int64_t hd, float scale, float *scores,
-                             int64_t s_stride, float *out, int64_t o_stride) {
-    for (int64_t j = 0; j < shared; j++) {
-        const float *k = kc + j * hd;
-        for (int64_t t = 0; t < T; t++) {
-            const float *qt = q + t * q_stride;
-            __m256 acc = _mm256_setzero_ps();
-            for (int64_t i = 0; i < hd; i += 8)
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(qt + i), _mm256_loadu_ps(k + i)));
-            __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-            __m128 s2 = _mm_add_ps(s1, _mm_movehl_ps(s1, s1));
-            scores[t * s_stride + j] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1))) * scale;
-        }
-    }
-    for (int64_t t = 0; t < T; t++) {
-        const float *qt = q + t * q_stride;
-        float *sc = scores + t * s_stride;
-        const int32_t *pos = keys + key_off[t];
-        int64_t n = key_off[t + 1] - key_off[t];
-        for (int64_t j = shared; j < n; j++) {
-            const float *k = kc + (int64_t)pos[j] * hd;
-            __m256 acc = _mm256_setzero_ps();
-            for (int64_t i = 0; i < hd; i += 8)
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(qt + i), _mm256_loadu_ps(k + i)));
-            __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-            __m128 s2 = _mm_add_ps(s1, _mm_movehl_ps(s1, s1));
-            sc[j] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1))) * scale;
-        }
-        float m = -INFINITY;
-        for (int64_t j = 0; j < n; j++) m = sc[j] > m ? sc[j] : m;
-        int64_t j = 0;
-        const __m256 mv = _mm256_set1_ps(m);
-        for (; j + 8 <= n; j += 8) _mm256_storeu_ps(sc + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mv)));
-        for (; j < n; j++) sc[j] = exp_poly(sc[j] - m);
-        float *o = out + t * o_stride;
-        for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
-    }
-    for (int64_t j = 0; j < shared; j++) {
-        const float *v = vc + j * hd;
-        for (int64_t t = 0; t < T; t++) {
-            float *o = out + t * o_stride;
-            const __m256 pv = _mm256_set1_ps(scores[t * s_stride + j]);
-            for (int64_t i = 0; i < hd; i += 8)
-                _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_loadu_ps(o + i), _mm256_mul_ps(pv, _mm256_loadu_ps(v + i))));
-        }
-    }
-    for (int64_t t = 0; t < T; t++) {
-        const float *sc = scores + t * s_stride;
-        const int32_t *pos = keys + key_off[t];
-        int64_t n = key_off[t + 1] - key_off[t];
-        float *o = out + t * o_stride;
-        for (int64_t j = shared; j < n; j++) {
-            const float *v = vc + (int64_t)pos[j] * hd;
-            const __m256 pv = _mm256_set1_ps(sc[j]);
-            for (int64_t i = 0; i < hd; i += 8)
-                _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_loadu_ps(o + i), _mm256_mul_ps(pv, _mm256_loadu_ps(v + i))));
-        }
-        float sum = 0.0f;
-        for (int64_t j = 0; j < n; j++) sum = sum + sc[j];
-        for (int64_t i = 0; i < hd; i++) o[i] = o[i] / sum;
-    }
+    for (j = 0; j < n; j++) sum = sum + sc[j];
+    for (int64_t i = 0; i < hd; i++) o[i] = o[i] / sum;
 }
 #endif
 
@@ -299,17 +265,6 @@ int llama_forward(const Dims *dm, int64_t n_layers, const uint8_t *const *w, con
     int ok = wk.q8 && wk.dx && wk.sx && wk.h && wk.qkv && wk.att && wk.gu && wk.act && wk.tmp && scores;
     int64_t n_cap = 0;
     const int vec = dm->path == 1 ? 1 : (have_avx2() ? 2 : 1);      /* the vector path where the CPU has it */
-    /* rows in runs of one slot: run r holds rows first[r] .. first[r + 1] - 1, and its rows all see the positions
-       0 .. shared[r] - 1, in order (read once for them all) */
-    int64_t *first = malloc(sizeof(int64_t) * (size_t)(T + 1)), *shared = malloc(sizeof(int64_t) * (size_t)T), n_runs = 0;
-    ok = ok && first && shared;
-    for (int64_t t = 0; ok && t < T; t++) {
-        if (t == 0 || slot[t] != slot[t - 1]) { first[n_runs] = t; shared[n_runs] = INT64_MAX; n_runs++; }
-        int64_t n = key_off[t + 1] - key_off[t], p = 0;
-        while (p < shared[n_runs - 1] && p < n && keys[key_off[t] + p] == p) p++;
-        shared[n_runs - 1] = p;
-    }
-    if (ok) first[n_runs] = T;
     for (int64_t l = 0; ok && l < n_layers; l++) {
         float *K = kc + l * slots * KV * cap * hd, *V = vc + l * slots * KV * cap * hd;   /* layer l, slot 0 */
         double t0 = now();
@@ -327,21 +282,11 @@ int llama_forward(const Dims *dm, int64_t n_layers, const uint8_t *const *w, con
             }
         }
         double t3 = now();
-#ifdef __x86_64__
-        if (vec == 2) {                 /* per run and query head, its rows together: the shared keys read once */
+        /* every (head, row) pair on its own, rows of one or many sequences alike; a head's rows in a row on one
+           thread, so the keys they share stay in cache */
 #pragma omp parallel for schedule(static) collapse(2)
-            for (int64_t r = 0; r < n_runs; r++)
-                for (int64_t h = 0; h < H; h++) {
-                    int64_t a = first[r], g = (slot[a] * KV + h / (H / KV)) * cap * hd;
-                    attend_rows_avx2(wk.qkv + a * nq + h * hd, nq, K + g, V + g, key_off + a, keys, first[r + 1] - a,
-                                     shared[r], hd, dm->scale, scores + (h * T + a) * (most_keys + 1),
-                                     most_keys + 1, wk.att + a * H * hd + h * hd, H * hd);
-                }
-        } else
-#endif
-#pragma omp parallel for schedule(static) collapse(2)
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t h = 0; h < H; h++) {
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = 0; t < T; t++) {
                 int64_t g = (slot[t] * KV + h / (H / KV)) * cap * hd;
                 attend(wk.qkv + t * nq + h * hd, K + g, V + g, keys + key_off[t], key_off[t + 1] - key_off[t], hd,
                        dm->scale, scores + (t * H + h) * (most_keys + 1), wk.att + t * H * hd + h * hd, vec);
@@ -364,7 +309,7 @@ int llama_forward(const Dims *dm, int64_t n_layers, const uint8_t *const *w, con
         prof[P_O] += t5 - t4; prof[P_MLP_IN] += t6 - t5; prof[P_SWIGLU] += t7 - t6; prof[P_DOWN] += t8 - t7;
     }
     free(wk.q8); free(wk.dx); free(wk.sx); free(wk.h); free(wk.qkv); free(wk.att); free(wk.gu); free(wk.act);
-    free(wk.tmp); free(scores); free(first); free(shared);
+    free(wk.tmp); free(scores);
     return ok ? 0 : -1;
 }
 
