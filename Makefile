@@ -29,7 +29,7 @@ compiler:
 	  (apt-get install -y -q gcc >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q gcc >/dev/null)) \
 	  || echo "no C compiler: the q4q8 format and its tests need one (apt install gcc)"; }
 
-run: setup            ## start the studio on http://127.0.0.1:7860 (offline SmolLM2)
+run: setup compiler   ## start the studio on http://127.0.0.1:7860 (offline SmolLM2)
 	$(BIN)/python app.py $(ARGS)
 
 # Two pytest workers (pytest-xdist), one test file each at a time: the tests run single-threaded (tests/conftest.py),
