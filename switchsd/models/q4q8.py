@@ -43,6 +43,19 @@ def _positions(n: int) -> torch.Tensor:
     return _ARANGE[:n]
 
 
+def _visible(mask: torch.Tensor) -> torch.Tensor:
+    """An additive or boolean mask [b, 1, T, S] -> which keys each row sees, bool [b, T, S] on the CPU."""
+    return (mask[:, 0] == 0 if mask.dtype != torch.bool else mask[:, 0]).cpu()
+
+
+def _csr(vis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """vis bool [N, S] -> (offsets [N + 1], positions) int32: row n sees positions[off[n]:off[n + 1]], ascending."""
+    rows, cols = vis.nonzero(as_tuple=True)                                         # row-major: ascending per row
+    off = torch.zeros(vis.shape[0] + 1, dtype=torch.int32)
+    off[1:] = torch.bincount(rows, minlength=vis.shape[0]).cumsum(0)
+    return off, cols.to(torch.int32).contiguous()
+
+
 class Dims(ctypes.Structure):
     _fields_ = [("d", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("inter", _I),
                 ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("path", ctypes.c_int)]
@@ -88,6 +101,7 @@ class Q4Q8Llama:
         self.inv_freq = inner.rotary_emb.inv_freq.float().cpu()
         self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
         self._cos = self._sin = None
+        self._flags: dict[tuple, tuple[list[Site], torch.Tensor]] = {}
         self.lib = _lib()
 
     @classmethod
@@ -178,13 +192,8 @@ class Q4Q8Llama:
         if mask is None and T == 1:                          # a one-row step sees every position: 0 .. start
             return torch.tensor([0, start + 1], dtype=torch.int32), _positions(start + 1)
         if mask is None:
-            vis = torch.ones(T, start + T, dtype=torch.bool).tril(start)
-        else:
-            vis = (mask[0, 0] == 0 if mask.dtype != torch.bool else mask[0, 0]).cpu()   # [T, start + T]
-        rows, cols = vis.nonzero(as_tuple=True)                                      # row-major: ascending per row
-        off = torch.zeros(T + 1, dtype=torch.int32)
-        off[1:] = torch.bincount(rows, minlength=T).cumsum(0)
-        return off, cols.to(torch.int32).contiguous()
+            return _csr(torch.ones(T, start + T, dtype=torch.bool).tril(start))
+        return _csr(_visible(mask)[0])                                                # [T, start + T]
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """RMS norm in torch (float32), for callers that norm captured states themselves (regeneration)."""
@@ -192,6 +201,13 @@ class Q4Q8Llama:
         return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.dims.eps))
 
     def _sites(self, sites: Iterable[Site]) -> tuple[list[Site], torch.Tensor]:
+        """The sites to capture, in layer order, and their flags for llama.c (made once per set of sites)."""
+        key = tuple((int(a), str(b)) for a, b in sites)
+        if key not in self._flags:
+            self._flags[key] = self._site_flags(key)
+        return self._flags[key]
+
+    def _site_flags(self, sites: tuple) -> tuple[list[Site], torch.Tensor]:
         want = sorted({(int(a), str(b)) for a, b in sites})
         for layer, where in want:
             if not 0 <= layer < self.n_layers or where not in ("attn", "mlp"):
@@ -267,15 +283,13 @@ class Q4Q8Llama:
                 raise ValueError("a causal batched forward needs rows of equal length: pass a mask")
             vis = torch.ones(T, S, dtype=torch.bool).tril(int(lens[0])).expand(b, T, S)
         else:
-            vis = (mask[:, 0] == 0 if mask.dtype != torch.bool else mask[:, 0]).cpu()      # [b, T, S]
-        r_, cols = vis.reshape(b * T, -1).nonzero(as_tuple=True)
-        off = torch.zeros(b * T + 1, dtype=torch.int32)
-        off[1:] = torch.bincount(r_, minlength=b * T).cumsum(0)
+            vis = _visible(mask)                                                      # [b, T, S]
+        off, cols = _csr(vis.reshape(b * T, -1))
         slot = torch.arange(first_slot, first_slot + b).repeat_interleave(T)
         wpos = (lens[:, None] + torch.arange(T)[None]).reshape(-1)
         want, flags = self._sites(sites)
         x, captured = self._run(ids.reshape(-1).cpu(), cache.k, cache.v, slot, wpos, pos.reshape(-1).cpu().long(),
-                                off, cols.to(torch.int32).contiguous(), want, flags)
+                                off, cols, want, flags)
         for r in range(b):
             cache.lens[first_slot + r] += T
         x = x.view(b, T, -1)
