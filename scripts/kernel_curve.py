@@ -2,10 +2,11 @@
 
     python scripts/kernel_curve.py [--rows 1,2,4,8,16,32] [--reps 12]
 
-Two tables, median of --reps each: (1) the 30 layers' matrix products alone (q|k|v, o, gate|up, down: 120 fused
+Tables, median of --reps each: (1) the 30 layers' matrix products alone (q|k|v, o, gate|up, down: 120 fused
 calls; q4q8 takes float32 and quantises to int8 blocks inside, int4 takes bfloat16); (2) the whole target forward
 (the engine's: layers, attention, head) of R new rows on a 256-token cached prefix, logits for every row. The LAST
-line is JSON.
+line is JSON. Then llama.cpp's forward (when llama-cpp-python is installed) and, where the CPU has more than one vector
+path (AVX2, AVX-512 VNNI), the products through each.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from switchsd.kernels.q4q8 import Q4Q8Linear, best_path, gguf_blocks  # noqa: E402
+from switchsd.kernels.q4q8 import Q4Q8Linear, available_paths, best_path, gguf_blocks  # noqa: E402
 from switchsd.models.int4 import Int4Linear, q4_groups  # noqa: E402
 from switchsd.models.loading import gguf_path  # noqa: E402
 
@@ -29,7 +30,7 @@ FUSED = {"qkv": ("attn_q", "attn_k", "attn_v"), "o": ("attn_output",), "gate_up"
          "down": ("ffn_down",)}
 
 
-def layers(fmt: str):
+def layers(fmt: str, path: str = "auto"):
     from gguf import GGUFReader
     tensors = {t.name: t for t in GGUFReader(str(gguf_path(None))).tensors}
     out = []
@@ -40,7 +41,7 @@ def layers(fmt: str):
                 t = tensors[f"blk.{i}.{p}.weight"]
                 raw, kind = np.asarray(t.data), t.tensor_type.name
                 if fmt == "q4q8":
-                    mats.append(Q4Q8Linear(*gguf_blocks(raw, kind)))
+                    mats.append(Q4Q8Linear(*gguf_blocks(raw, kind), path=path))
                 else:
                     mats.append(Int4Linear(*q4_groups(raw, kind), torch.bfloat16))
             out.append((Q4Q8Linear if fmt == "q4q8" else Int4Linear).fuse(mats) if len(mats) > 1 else mats[0])
@@ -130,6 +131,14 @@ def main() -> None:
         for i, r in enumerate(rows):
             res[i]["llama_cpp_ms"] = round(cpp[r], 2)
             print(f"| {r} | {cpp[r]:.2f} | {cpp[r] / cpp[rows[0]]:.2f} | {full['q4q8'][r] / cpp[r]:.2f} |")
+    vector = [p for p in available_paths() if p != "portable"]
+    if len(vector) > 1:            # the same products through each vector path this CPU has (same bits)
+        mats = {p: layers("q4q8", p) for p in vector}
+        print("\n| rows | " + " | ".join(f"products {p} ms" for p in vector) + " |\n|---|" + "---|" * len(vector))
+        for i, r in enumerate(rows):
+            ms = {p: time_all(mats[p], r, torch.float32, a.reps) for p in vector}
+            res[i].update({f"products_{p}_ms": round(v, 2) for p, v in ms.items()})
+            print(f"| {r} | " + " | ".join(f"{v:.2f}" for v in ms.values()) + " |")
     print(json.dumps(res))
 
 

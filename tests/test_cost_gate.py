@@ -158,6 +158,44 @@ def test_steep_curve_explores_rarely():
     assert picks.count("plain") + n == 1000 and 1 <= n <= 5
 
 
+def test_plain_memo_keeps_the_gate_s_choices_and_reprices_on_evidence():
+    """A neural-only gate that runs plain reuses its priced decision between re-pricings: the same choices and
+    the same exploration cadence as a gate that prices every step (REPRICE 1), and a draft's outcome re-prices
+    at once (a planted memo that ignores evidence keeps running plain after the head starts accepting)."""
+    from switchsd.core.policies import PolicyState
+
+    class Neural:
+        name, path, gamma = "n", "neural", 3
+
+    def event(accepted: int):       # a chain-3 draft with `accepted` tokens taken (1 row verify timing unknown)
+        cand = [7, 8, 9]
+        return type("E", (), dict(tree_tokens=[1] + cand, timings={"draft": 1e-4}, candidates=[cand], sources=None,
+                                  path="neural", accepted_rows=list(range(1, accepted + 1))))()
+
+    runs = []
+    for reprice in (16, 1):
+        pol = CostAware(None, Neural(), None, STEEP, explore=0.05)
+        pol.REPRICE = reprice
+        runs.append([pol.select(PolicyState([1, 2, 3], i, None, max_len=10, rows=12)).why["choice"]
+                     for i in range(1100)])
+    assert runs[0] == runs[1] and "neural" in runs[0]
+    flat = VerifyCost({1: 1.0, 2: 1.02, 4: 1.05, 8: 1.1, 16: 1.2})
+    for planted in (False, True):
+        pol = CostAware(None, Neural(), None, flat, explore=0.05)
+        for _ in range(30):                          # a head that missed: plain steps, priced and memoised
+            pol.neural_acc.update(3, 0)
+        assert pol.select(PolicyState([1, 2, 3], 0, None, max_len=10, rows=12)).why["choice"] == "plain"
+        memo = pol._plain
+        assert memo is not None
+        for _ in range(40):                          # it now accepts every token (evidence through observe)
+            pol._chosen = {"choice": "neural", "confs": None}
+            pol.observe(event(3))
+        if planted:
+            pol._plain = memo                        # the bug: the memo outlives the evidence
+        choice = pol.select(PolicyState([1, 2, 3], 1, None, max_len=10, rows=12)).why["choice"]
+        assert (choice == "plain") == planted, (planted, choice)
+
+
 @pytest.mark.slow
 def test_cost_gate_merged_tree_sampling_follows_p(tiny_model, peaked_model):
     """T = 1 with FREE verification: copy candidates (point masses) and sampled SPS tokens in ONE tree. The

@@ -167,7 +167,7 @@ class Alternate:
 
 def test_lazy_propagation_matches_fresh_head(target, head):
     """After copy steps, the head's catch-up output equals a head re-run from scratch on the same tokens."""
-    eagle = Eagle3Drafter(head, target, chain=True, gamma=3)
+    eagle = Eagle3Drafter(head, target, chain=True, gamma=3, catch_up=None)
     copy = CopyDrafter(CopyConfig(kappa=3))
     engine = make_engine(target, Alternate(copy, eagle), EngineConfig(max_new_tokens=40, budget=12, stop_at_eos=False), ())
     ids = repetitive_prompt(5, n=16, reps=3, tail=4)
@@ -179,7 +179,7 @@ def test_lazy_propagation_matches_fresh_head(target, head):
     tokens = list(eagle.tokens)
     assert len(eagle.pending) >= 1
     incremental = eagle._catch_up()
-    fresh = Eagle3Drafter(head, target, chain=True, gamma=3)
+    fresh = Eagle3Drafter(head, target, chain=True, gamma=3, catch_up=None)
     fresh.reset(tokens)
     with torch.no_grad():
         hs = target(input_ids=torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
@@ -188,6 +188,30 @@ def test_lazy_propagation_matches_fresh_head(target, head):
     scratch = fresh._catch_up()
     torch.testing.assert_close(incremental, scratch, rtol=1e-9, atol=1e-9)
     assert eagle.synced == fresh.synced == len(tokens) - 1
+
+
+def test_catch_up_window_keeps_the_latest_positions_at_their_own_places(target, head):
+    """A catch-up over more pending positions than the window feeds only the latest ones, at their true rotary
+    positions: the output equals the head run from an empty cache over those pairs alone, the cache holds the
+    window, and the next input's position counts every paired position."""
+    ids = random_prompt(3, 40)
+    with torch.no_grad():
+        hs = target(input_ids=torch.tensor([ids[:-1]]), output_hidden_states=True).hidden_states
+    d = Eagle3Drafter(head, target, chain=True, gamma=3, catch_up=8)
+    d.reset(ids)
+    d.add_features({(i - 1, "mlp"): hs[i][0] for i in d.layers})
+    out = d._catch_up()
+    n = len(ids) - 1
+    assert (d.synced, d.cached) == (n, 8)
+    g = torch.cat([hs[i][0, n - 8:] for i in d.layers], -1)
+    emb = d._embed(torch.tensor(ids[n - 8 + 1:n + 1]))[None]
+    ref, _, _ = head.step(emb, head.fc(g.to(head.fc.weight.dtype))[None], torch.arange(n - 8, n), None, None, None)
+    torch.testing.assert_close(out, ref[0, -1], rtol=1e-9, atol=1e-9)
+    full = Eagle3Drafter(head, target, chain=True, gamma=3, catch_up=None)
+    full.reset(ids)
+    full.add_features({(i - 1, "mlp"): hs[i][0] for i in full.layers})
+    assert not torch.allclose(full._catch_up(), out)          # the window did drop context
+    assert d.propose(DraftRequest(tokens=ids, max_len=3, budget=8))          # and it drafts from there
 
 
 def test_tree_respects_budget_and_depth(target, head):

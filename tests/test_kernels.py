@@ -11,7 +11,7 @@ import torch
 from switchsd.kernels import q4q8
 from switchsd.kernels.q4q8 import Q4Q8Linear, gguf_blocks, reference
 
-PATHS = ["portable"] + (["auto"] if q4q8.best_path() != "portable" else [])
+PATHS = q4q8.available_paths() + ["auto"]          # every path this CPU has (portable, avx2, vnni), and auto
 
 
 def _random(n: int, k: int, seed: int = 0):

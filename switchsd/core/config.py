@@ -163,7 +163,7 @@ class GateConfig:
     stays gated by probe AND kappa-gram (False: copy / neural / plain only)."""
     mode: str = "cost"
     tau: float | None = None
-    explore: float = 0.01
+    explore: float = 0.005
     kappa: int = 3
     lookup: bool = True
     lookup_candidates: int = 3

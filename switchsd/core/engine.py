@@ -88,6 +88,8 @@ class Decoder:
         self.rule = parse_rule(cfg.verify)
         # drafters that read target hidden states (EAGLE3: three fused layers) declare `sites`
         self.feature_drafters = [d for d in policy.drafters if getattr(d, "sites", ())]
+        # sites kept per step (event.hidden, the probe's input): the captured ones and the probe's, not the drafters'
+        self.kept = set(cfg.capture) | ({probe.site} if probe is not None else set())
 
     def start(self, tokens: list[int], last: dict | None) -> Request:
         """After the prefill of tokens[:-1]; `last`: the hidden states at those positions ({site: [P-1, d]})."""
@@ -95,9 +97,13 @@ class Decoder:
         for d in self.policy.drafters:
             d.reset(tokens)
         if len(tokens) > 1 and last is not None:
-            req.hidden = {k: v[-1].detach().clone() for k, v in last.items()}
+            req.hidden = self._kept(last, -1)
             self.feed(last, slice(None))
         return req
+
+    def _kept(self, last: dict, row: int) -> dict | None:
+        """{site: [d]} at `row` for the kept sites (None when none is kept)."""
+        return {k: v[row].detach().clone() for k, v in last.items() if k in self.kept} or None
 
     def feed(self, last: dict, rows: list[int] | slice) -> None:
         """Give feature-reading drafters the target's hidden states at the newly cached positions."""
@@ -160,7 +166,7 @@ class Decoder:
             finished = finished or "context_limit"
         keep = [0] + rows[:len(new) - 1]
         keep_cache(keep)
-        hidden = {k: v[keep[-1]].detach().clone() for k, v in last.items()} if last else None
+        hidden = self._kept(last, keep[-1]) if last else None
         position = len(tokens)
         tokens.extend(new)
         req.n_gen += len(new)

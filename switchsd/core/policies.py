@@ -187,13 +187,19 @@ class CostAware:
         self._curve: dict[tuple[int, int], float] = {}
         self.plain_run = 0                   # plain steps since the neural drafter last ran
         self._chosen: dict = {}
+        # a neural-only gate that chose a plain step re-prices every REPRICE steps, or at once on new evidence
+        # (a draft's outcome); in between, nothing it weighs changes but the verify scale's slow drift
+        self._plain: tuple | None = None     # (key, Decision, steps left, explore threshold)
 
     # -- options ---------------------------------------------------------------------------------------------
-    def _verify_ms(self, rows: int, limit: int) -> float:
+    def _curve_ms(self, rows: int, limit: int | None = None) -> float:
         key = (rows, limit)       # the curve is fixed: look each size up once, not ~100 times per step
         if key not in self._curve:
             self._curve[key] = self.cost.ms(rows, limit)
-        return self.scale.get(rows) * self._curve[key]
+        return self._curve[key]
+
+    def _verify_ms(self, rows: int, limit: int) -> float:
+        return self.scale.get(rows) * self._curve_ms(rows, limit)
 
     def _neural_tree(self):
         """The neural drafter's tree config when it drafts trees, else None (it drafts chains)."""
@@ -249,7 +255,17 @@ class CostAware:
                                                keep)
         return confs
 
+    REPRICE = 16
+
     def select(self, state: PolicyState) -> Decision:
+        memo = self._plain
+        if memo is not None:
+            key = (min(state.max_len, getattr(self.neural, "gamma", 1)), state.rows)
+            if memo[0] == key and memo[2] > 0 and self.plain_run + 1 < memo[3]:
+                self.plain_run += 1
+                self._plain = (key, memo[1], memo[2] - 1, memo[3])
+                return memo[1]
+            self._plain = None
         limit = max(1, state.rows)
         score, tau = state.probe_score, self.tau
         match = self.copy is not None and self.copy.has_match(state.tokens)
@@ -295,11 +311,12 @@ class CostAware:
                 rows_b = min(c_rows + rows - 1, limit)
                 options.append((damp * (1 + e) / (V(rows_b) + c_ms + n_ms), "copy+neural", d, g, rows_b))
         best = max(options, key=lambda o: o[0])
-        explore = False
+        explore, every = False, None
         if best[1] == "plain" and shapes:         # (confidence mode: its calibration learns from these too)
             self.plain_run += 1
             probe_cost = (V(2) + self.neural_ms.get(1)) / V(1) - 1
-            if self.plain_run >= min(500, max(4, probe_cost / self.explore)):
+            every = min(500, max(4, probe_cost / self.explore))
+            if self.plain_run >= every:
                 best = next(o for o in options if o[1] == "neural" and o[3] == 1)
                 explore, self.plain_run = True, 0
         value, choice, d, g, rows = best
@@ -318,7 +335,11 @@ class CostAware:
             gate["neural_conf"] = [round(c, 3) for c in confs]
         drafters = {"plain": (), "copy": (self.copy,), "neural": (self.neural,), "lookup": (self.lookup,),
                     "copy+neural": (self.copy, self.neural)}[choice]
-        return Decision(drafters, max_len=max(d, g), rows=rows, merge=choice == "copy+neural", why=gate)
+        decision = Decision(drafters, max_len=max(d, g), rows=rows, merge=choice == "copy+neural", why=gate)
+        if choice == "plain" and every is not None and self.copy is None and self.lookup is None and not self.confidence:
+            key = (min(state.max_len, getattr(self.neural, "gamma", 1)), state.rows)
+            self._plain = (key, decision, self.REPRICE - 1, every)
+        return decision
 
     def outlook(self) -> dict | None:
         """Why the neural drafter does or does not pay here, from what the gate has learnt so far: for each chain
@@ -345,7 +366,7 @@ class CostAware:
         rows = len(event.tree_tokens)
         verify_ms = 1000 * event.timings.get("verify", 0.0)
         if verify_ms > 0:
-            self.scale.update(rows, verify_ms / self.cost.ms(rows))
+            self.scale.update(rows, verify_ms / self._curve_ms(rows))
         if not event.candidates:
             return
         draft_ms = 1000 * event.timings.get("draft", 0.0)
@@ -369,7 +390,7 @@ class CostAware:
                 self.neural_acc.update(depth, acc)
                 if confs is None:
                     self.neural_ms.add(depth, draft_ms)
-                self.plain_run = 0
+                self.plain_run, self._plain = 0, None
 
 
 def _label(choice: str, copy_depth: int, neural_depth: int) -> str:

@@ -93,15 +93,23 @@ def q8_head(head: Eagle3Head) -> Eagle3Head | None:
 _Q8HEADS: "weakref.WeakKeyDictionary[Eagle3Head, Eagle3Head]" = weakref.WeakKeyDictionary()
 
 
+CATCH_UP = 32
+
+
 class Eagle3Drafter:
     name = "eagle3"
     path = "neural"
 
     def __init__(self, head: Eagle3Head, target, tree: TreeConfig = TreeConfig(), chain: bool = False,
                  gamma: int = 5, sampling: SamplingConfig = SamplingConfig(), generator: torch.Generator | None = None,
-                 q8: bool = True):
-        """`q8`: on a CPU, draft through the head's Q8_0 copy (`q8_head`) where the kernels build."""
+                 q8: bool = True, catch_up: int | None = CATCH_UP):
+        """`q8`: on a CPU, draft through the head's Q8_0 copy (`q8_head`) where the kernels build.
+        `catch_up`: at most this many of the latest pending positions enter the head's cache at a catch-up (None:
+        all). After a long run of steps without neural drafts (the cost gate ran plain, or copies were committed)
+        the head then pays a bounded forward to draft again, at the price of a gap in its own context (its keys
+        keep their true positions). Drafts only: verification is unchanged."""
         self.head = (q8_head(head) if q8 else None) or head
+        self.catch_up = catch_up
         self.tree, self.chain, self.gamma = tree, chain, gamma
         self.sampling = sampling
         self.generator = generator or torch.Generator().manual_seed(0)
@@ -134,9 +142,11 @@ class Eagle3Drafter:
 
     # -- protocol ------------------------------------------------------------------------------------------
     def reset(self, tokens: Sequence[int]) -> None:
-        self.k = self.v = None          # stable KV [1, kvh, S, hd]; S = positions paired so far
+        self.k = self.v = None          # stable KV [1, kvh, S, hd]; S <= positions paired (gaps: `catch_up`)
+        self.paired = 0                 # positions paired so far (the next catch-up starts here)
         self.pending: list[list[torch.Tensor]] = []   # per step, the fused layers' features [n, Ht] each, not yet
                                                       # in the stable cache (joined at the next catch-up)
+        self.pending_rows = 0
         self.last_out: torch.Tensor | None = None   # output at the last paired position [H]
         self.tokens = tokens
         self.held: tuple[Draft, list[float]] | None = None     # this step's confident_chain, for propose
@@ -150,9 +160,20 @@ class Eagle3Drafter:
         # with device_map the fused layers may sit on different GPUs: gather them on the head's device
         dev = self.head.fc.weight.device
         self.pending.append([feats[s].to(dev) for s in self.sites])          # low, mid, high: [n, Ht] each
+        self.pending_rows += self.pending[-1][0].shape[0]
+        while self.catch_up is not None and self.pending_rows - self.pending[0][0].shape[0] >= self.catch_up:
+            n = self.pending.pop(0)[0].shape[0]          # older than the catch-up window: never fed, paired as gaps
+            self.pending_rows -= n
+            self.paired += n
 
     @property
     def synced(self) -> int:
+        """Positions paired so far: the rotary position of the next head input."""
+        return self.paired
+
+    @property
+    def cached(self) -> int:
+        """Entries in the head's stable KV cache."""
         return 0 if self.k is None else self.k.shape[2]
 
     # -- drafting ------------------------------------------------------------------------------------------
@@ -160,8 +181,11 @@ class Eagle3Drafter:
     def _catch_up(self) -> torch.Tensor:
         """Feed the pending (g_t, x_{t+1}) pairs in one forward; returns the last output [H]."""
         g = torch.cat([torch.cat(parts, 0) for parts in zip(*self.pending)], -1)   # [n, 3Ht] low|mid|high
-        self.pending = []
-        start, n = self.synced, g.shape[0]
+        self.pending, self.pending_rows = [], 0
+        start, n = self.paired, g.shape[0]
+        self.paired += n
+        if self.catch_up is not None and n > self.catch_up:          # only the latest positions enter the cache
+            start, n, g = start + n - self.catch_up, self.catch_up, g[n - self.catch_up:]
         dev = g.device
         toks = torch.tensor(self.tokens[start + 1:start + 1 + n], device=self.embed.weight.device)
         fc = (self._for_rows(n) or self.head).fc
@@ -260,7 +284,7 @@ class Eagle3Drafter:
         K, D = self.tree.top_k, min(self.tree.depth, req.max_len)
         N = min(self.tree.total_tokens, req.budget)
         dev = out.device
-        S = self.synced
+        S = self.cached
         # candidate nodes: token (target id), parent (-1 root), score. The frontier's tokens and scores stay on
         # the device; each level reads its candidates back in ONE host transfer.
         logp = torch.log_softmax(self.head.logits(out).float(), -1)

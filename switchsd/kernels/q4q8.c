@@ -164,23 +164,92 @@ static void group_avx2(const uint8_t *w, int64_t nb, const int8_t *q8, const flo
     }
 }
 
+#define VROWS 8
+/* AVX-512 VNNI: vpdpbusd sums 4 code x activation products straight into int32 (no int16 stage); the larger
+   register file holds 8 rows' sums, so each block's codes are unpacked once per 8 rows. R rows at a time, R a
+   compile-time constant (a fixed trip count keeps every sum in a register): sets of 8, then 4, then 2, a last
+   odd row through the AVX2 kernel (the same bits on every path). */
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"), always_inline))
+static inline void vnni_rows(const uint8_t *w, int64_t nb, const int8_t *q8, const float *dx, const float *sx,
+                             int64_t k, float *y, int64_t n, int64_t g, const int R) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256 acc[VROWS];
+    for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * BLOCK_BYTES;
+        __m256i s32[VROWS];
+        for (int i = 0; i < R; i++) s32[i] = _mm256_setzero_si256();
+        for (int h = 0; h < 4; h++) {
+            __m256i packed = _mm256_loadu_si256((const __m256i *)(blk + 32 * h));
+            __m256i lo = _mm256_and_si256(packed, low);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+            for (int i = 0; i < R; i++) {
+                const int8_t *xq = q8 + i * k + b * QK + 8 * h;
+                int32_t a, c;
+                memcpy(&a, xq, 4);
+                memcpy(&c, xq + 4, 4);
+                s32[i] = _mm256_dpbusd_epi32(s32[i], lo, _mm256_set1_epi32(a));
+                s32[i] = _mm256_dpbusd_epi32(s32[i], hi, _mm256_set1_epi32(c));
+            }
+        }
+        const uint16_t *s = (const uint16_t *)(blk + 128);
+        __m256 dwv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s));
+        __m256 mwv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + GROUP_COLS)));
+        for (int i = 0; i < R; i++) {
+            int64_t at = i * nb + b;
+            __m256 t = _mm256_mul_ps(_mm256_mul_ps(dwv, _mm256_set1_ps(dx[at])), _mm256_cvtepi32_ps(s32[i]));
+            acc[i] = _mm256_add_ps(acc[i], t);
+            acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(mwv, _mm256_set1_ps(sx[at])));
+        }
+    }
+    for (int i = 0; i < R; i++) _mm256_storeu_ps(y + i * n + g * GROUP_COLS, acc[i]);
+}
+
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
+static void group_vnni(const uint8_t *w, int64_t nb, const int8_t *q8, const float *dx, const float *sx,
+                       int64_t rows, int64_t k, float *y, int64_t n, int64_t g) {
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8) vnni_rows(w, nb, q8 + r * k, dx + r * nb, sx + r * nb, k, y + r * n, n, g, 8);
+    for (; r + 4 <= rows; r += 4) vnni_rows(w, nb, q8 + r * k, dx + r * nb, sx + r * nb, k, y + r * n, n, g, 4);
+    for (; r + 2 <= rows; r += 2) vnni_rows(w, nb, q8 + r * k, dx + r * nb, sx + r * nb, k, y + r * n, n, g, 2);
+    if (r < rows) group_avx2(w, nb, q8 + r * k, dx + r * nb, sx + r * nb, rows - r, k, y + r * n, n, g);
+}
+
 static int have_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
+static int have_vnni(void) {
+    __builtin_cpu_init();
+    return have_avx2() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+}
 #else
 static int have_avx2(void) { return 0; }
+static int have_vnni(void) { return 0; }
 #endif
 
-/* path: 0 = the best this CPU has, 1 = portable. Returns the path used (1 portable, 2 AVX2). */
+/* Paths: 1 portable, 2 AVX2, 3 AVX-512 VNNI (256-bit vpdpbusd). The integer block sums are exact on every path and
+   the float steps are the same, so all paths return the same bits. */
+static int best_path(void) { return have_vnni() ? 3 : have_avx2() ? 2 : 1; }
+
+static int choose(int path) {
+    if (path == 0) return best_path();
+    if (path == 3 && !have_vnni()) return -2;
+    if (path == 2 && !have_avx2()) return -2;
+    return path;
+}
+
+/* path: 0 = the best this CPU has, else the path named above. Returns the path used, -2 if this CPU lacks it. */
 int q4q8_matmul_quantized(const uint8_t *w, const int8_t *q8, const float *dx, const float *sx, int64_t rows,
                           int64_t n, int64_t k, float *y, int path) {
     int64_t nb = k / QK, groups = n / GROUP_COLS;
-    int use = path == 1 ? 1 : (have_avx2() ? 2 : 1);
+    int use = choose(path);
+    if (use < 0) return use;
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *wg = w + g * nb * BLOCK_BYTES;
 #ifdef __x86_64__
+        if (use == 3) { group_vnni(wg, nb, q8, dx, sx, rows, k, y, n, g); continue; }
         if (use == 2) { group_avx2(wg, nb, q8, dx, sx, rows, k, y, n, g); continue; }
 #endif
         group_scalar(wg, nb, q8, dx, sx, rows, k, y, n, g);
@@ -258,16 +327,55 @@ static void q8_group_avx2(const uint8_t *w, int64_t nb, const int8_t *q8, const 
         for (int i = 0; i < nr; i++) _mm256_storeu_ps(y + (r0 + i) * n + g * GROUP_COLS, acc[i]);
     }
 }
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"), always_inline))
+static inline void q8_vnni_rows(const uint8_t *w, int64_t nb, const int8_t *q8, const float *dx, int64_t k, float *y,
+                                int64_t n, const int R) {
+    __m256 acc[VROWS];
+    for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * Q8_BLOCK_BYTES;
+        __m256i s32[VROWS];
+        for (int i = 0; i < R; i++) s32[i] = _mm256_setzero_si256();
+        for (int t = 0; t < 8; t++) {
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + 32 * t));
+            __m256i aw = _mm256_sign_epi8(wv, wv);                         /* |w| as unsigned bytes */
+            for (int i = 0; i < R; i++) {
+                int32_t a;
+                memcpy(&a, q8 + i * k + b * QK + 4 * t, 4);
+                s32[i] = _mm256_dpbusd_epi32(s32[i], aw, _mm256_sign_epi8(_mm256_set1_epi32(a), wv));
+            }
+        }
+        __m256 dwv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 256)));
+        for (int i = 0; i < R; i++) {
+            __m256 dd = _mm256_mul_ps(dwv, _mm256_set1_ps(dx[i * nb + b]));
+            acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(s32[i])));
+        }
+    }
+    for (int i = 0; i < R; i++) _mm256_storeu_ps(y + i * n, acc[i]);
+}
+
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
+static void q8_group_vnni(const uint8_t *w, int64_t nb, const int8_t *q8, const float *dx, int64_t rows,
+                          int64_t k, float *y, int64_t n, int64_t g) {
+    int64_t r = 0;
+    float *yg = y + g * GROUP_COLS;
+    for (; r + 8 <= rows; r += 8) q8_vnni_rows(w, nb, q8 + r * k, dx + r * nb, k, yg + r * n, n, 8);
+    for (; r + 4 <= rows; r += 4) q8_vnni_rows(w, nb, q8 + r * k, dx + r * nb, k, yg + r * n, n, 4);
+    for (; r + 2 <= rows; r += 2) q8_vnni_rows(w, nb, q8 + r * k, dx + r * nb, k, yg + r * n, n, 2);
+    if (r < rows) q8_group_avx2(w, nb, q8 + r * k, dx + r * nb, rows - r, k, y + r * n, n, g);
+}
 #endif
 
 int q8_matmul_quantized(const uint8_t *w, const int8_t *q8, const float *dx, int64_t rows, int64_t n, int64_t k,
                         float *y, int path) {
     int64_t nb = k / QK, groups = n / GROUP_COLS;
-    int use = path == 1 ? 1 : (have_avx2() ? 2 : 1);
+    int use = choose(path);
+    if (use < 0) return use;
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *wg = w + g * nb * Q8_BLOCK_BYTES;
 #ifdef __x86_64__
+        if (use == 3) { q8_group_vnni(wg, nb, q8, dx, rows, k, y, n, g); continue; }
         if (use == 2) { q8_group_avx2(wg, nb, q8, dx, rows, k, y, n, g); continue; }
 #endif
         q8_group_scalar(wg, nb, q8, dx, rows, k, y, n, g);
@@ -300,4 +408,6 @@ int q8_matmul(const uint8_t *w, const float *x, int64_t rows, int64_t n, int64_t
     return quantize_and_multiply(w, x, rows, n, k, y, path, 1);
 }
 
-int q4q8_best_path(void) { return have_avx2() ? 2 : 1; }
+int q4q8_best_path(void) { return best_path(); }
+
+int q4q8_path_ok(int path) { return path > 0 && choose(path) > 0; }

@@ -18,8 +18,8 @@ from .build import load
 QK = 32
 GROUP_COLS = 8
 BLOCK_BYTES = QK * GROUP_COLS // 2 + 2 * GROUP_COLS * 2
-PATHS = {"auto": 0, "portable": 1}
-PATH_NAMES = {1: "portable", 2: "avx2"}
+PATHS = {"auto": 0, "portable": 1, "avx2": 2, "vnni": 3}     # vnni: AVX-512 VNNI (vpdpbusd on 256-bit vectors)
+PATH_NAMES = {1: "portable", 2: "avx2", 3: "vnni"}
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -35,12 +35,28 @@ def _lib() -> ctypes.CDLL:
         lib.q8_pack.argtypes = [_P, _P, _I, _I, _P]
         lib.q8_matmul.argtypes = [_P, _P, _I, _I, _I, _P, ctypes.c_int]
         lib.q8_matmul.restype = ctypes.c_int
+        lib.q4q8_path_ok.argtypes = [ctypes.c_int]
+        lib.q4q8_path_ok.restype = ctypes.c_int
         lib._typed = True
     return lib
 
 
 def best_path() -> str:
     return PATH_NAMES[_lib().q4q8_best_path()]
+
+
+def available_paths() -> list[str]:
+    """The paths this CPU runs, portable first (all return the same bits)."""
+    return [name for code, name in PATH_NAMES.items() if _lib().q4q8_path_ok(code)]
+
+
+def check_path(path: str) -> int:
+    """The C code of path `path`, or ValueError naming what this CPU offers."""
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {sorted(PATHS)}, got {path!r}")
+    if path != "auto" and path not in available_paths():
+        raise ValueError(f"this CPU lacks the {path!r} path; it has {available_paths()}")
+    return PATHS[path]
 
 
 def _apply(lin, matmul, x: torch.Tensor) -> torch.Tensor:
@@ -65,9 +81,7 @@ class Q4Q8Linear:
             raise ValueError(f"q4q8 needs in_features % {QK} == 0 and out_features % {GROUP_COLS} == 0, got [{n}, {k}]")
         if dw.shape != (n, k // QK) or mw.shape != (n, k // QK):
             raise ValueError(f"scales must be [{n}, {k // QK}], got {tuple(dw.shape)} and {tuple(mw.shape)}")
-        if path not in PATHS:
-            raise ValueError(f"path must be one of {sorted(PATHS)}, got {path!r}")
-        self.in_features, self.out_features, self.path = k, n, PATHS[path]
+        self.in_features, self.out_features, self.path = k, n, check_path(path)
         self.codes, self.dw, self.mw = codes.to(torch.uint8).contiguous(), dw.half().contiguous(), mw.half().contiguous()
         self.packed = torch.empty(n // GROUP_COLS * (k // QK) * BLOCK_BYTES, dtype=torch.uint8)
         _lib().q4q8_pack(self.codes.data_ptr(), self.dw.data_ptr(), self.mw.data_ptr(), n, k, self.packed.data_ptr())
@@ -99,11 +113,9 @@ class Q8Linear:
             raise ValueError(f"q8 needs in_features % {QK} == 0 and out_features % {GROUP_COLS} == 0, got [{n}, {k}]")
         if dw.shape != (n, k // QK):
             raise ValueError(f"scales must be [{n}, {k // QK}], got {tuple(dw.shape)}")
-        if path not in PATHS:
-            raise ValueError(f"path must be one of {sorted(PATHS)}, got {path!r}")
         if int(codes.min()) < -127:
             raise ValueError("Q8_0 codes must lie in -127..127")
-        self.in_features, self.out_features, self.path = k, n, PATHS[path]
+        self.in_features, self.out_features, self.path = k, n, check_path(path)
         self.codes, self.dw = codes.to(torch.int8).contiguous(), dw.half().contiguous()
         self.packed = torch.empty(n // GROUP_COLS * (k // QK) * (QK * GROUP_COLS + 2 * GROUP_COLS), dtype=torch.uint8)
         self.lib = _lib()

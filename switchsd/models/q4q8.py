@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..kernels.build import load
-from ..kernels.q4q8 import PATHS, Q4Q8Linear, Q8Linear, gguf_blocks, gguf_q8_blocks
+from ..kernels.q4q8 import Q4Q8Linear, Q8Linear, check_path, gguf_blocks, gguf_q8_blocks
 from .int4 import _reverse_permute
 from .lean import StaticKVCache, supports
 
@@ -90,7 +90,7 @@ class Q4Q8Llama:
         self.dtype, self.device, self.att_dtype = torch.float32, torch.device("cpu"), torch.float32
         self.layers, self.head, self.vocab = layers, head, head.out_features
         self.dims = Dims(cfg.hidden_size, self.heads, self.kv_heads, self.head_dim, cfg.intermediate_size,
-                         float(cfg.rms_norm_eps), float(self.head_dim ** -0.5), PATHS[path])
+                         float(cfg.rms_norm_eps), float(self.head_dim ** -0.5), check_path(path))
         f32 = lambda t: t.detach().float().contiguous()                             # noqa: E731
         self.embed = f32(inner.embed_tokens.weight)                                  # [V, d]
         self.norms = [f32(w) for layer in inner.layers for w in (layer.input_layernorm.weight,
