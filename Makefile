@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup browser compiler run lint test test-fast calibrate screenshots clean
+.PHONY: setup browser compiler run lint test test-fast calibrate screenshots vllm vllm-serve clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -49,5 +49,16 @@ screenshots: setup browser   ## refresh the README's screenshots (docs/img) from
 calibrate: setup      ## measure this device's verification cost curve
 	$(BIN)/python -m switchsd calibrate
 
+vllm: setup          ## vLLM's own environment with the SwitchSD plugin (.venv-vllm: vLLM's CPU build; minutes)
+	bash scripts/setup_vllm.sh
+
+# vLLM's OpenAI-compatible server on 127.0.0.1:8000, drafting with SwitchSD's copy proposer (VLLM_K tokens)
+VLLM_K ?= 8
+vllm-serve: vllm
+	LD_PRELOAD="$$(ls $(CURDIR)/.venv-vllm/lib/libiomp5.so 2>/dev/null)" .venv-vllm/bin/vllm serve \
+	  "$$(.venv/bin/python -c 'from switchsd.models.loading import _default_model_folder as f; print(f())')" \
+	  --host 127.0.0.1 --port 8000 --dtype float32 --max-model-len 2048 \
+	  --speculative-config '{"method": "custom_class", "model": "switchsd.vllm.copy.CopyProposer", "num_speculative_tokens": $(VLLM_K)}'
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-vllm .pytest_cache .hypothesis

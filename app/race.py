@@ -1,5 +1,5 @@
 """The Race tab's handler: several methods on one prompt, timed alike by switchsd.eval.race (a warm-up of every
-lane, then rounds in which the lanes take turns one step each on the torch thread, each lane's median run), then replayed on
+lane, then rounds in which the lanes take turns of a few steps each on the torch thread, each lane's median run), then replayed on
 a common clock. Each lane says its speedup over vanilla, its paths, why a cost gate kept it plain, and whether
 its text equals vanilla's."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Iterator, NamedTuple
 import gradio as gr
 
 from switchsd.core.config import TreeConfig
-from switchsd.eval.race import LaneResult, LaneSpec, RaceResult, plain_share
+from switchsd.eval.race import TURN, LaneResult, LaneSpec, RaceResult, plain_share
 from switchsd.eval.race import race as race_lanes
 from switchsd.eval.race import timeline as race_timeline
 
@@ -44,7 +44,7 @@ SETTLE_S = float(os.environ.get("SWITCHSD_RACE_SETTLE_S", "0.3"))
 def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bool = True, replay_speed: float = 4.0,
          dtype: str = "auto", repeats: int = RACE_REPEATS, no_gate: bool = False) -> Iterator[RaceFrame]:
     """Vanilla vs SwitchSD vs EAGLE3 vs CopySpec (and, on request, EAGLE3 without its cost gate) on one prompt,
-    timed alike (switchsd.eval.race: a warm-up first, then `repeats` rounds in which the lanes take turns one step
+    timed alike (switchsd.eval.race: a warm-up first, then `repeats` rounds in which the lanes take turns of 8 steps
     each on the torch thread, each lane's clock counting its own steps; each lane's median run), then replayed on
     a common clock. Each lane shows its speedup over
     vanilla, its paths, why a cost gate kept it plain, and whether its text equals vanilla's; where it does not
@@ -97,7 +97,7 @@ def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bo
     ref = (ref, why)
     clocks = {m: race_timeline(g) for m, g in runs.items()}
     end = max(ts[-1] for ts, _ in clocks.values() if ts)
-    how = ("lanes took turns one step each, each lane's clock counting its own steps, after a warm-up"
+    how = (f"lanes took turns of {TURN} steps each, each lane's clock counting its own steps, after a warm-up"
            + (f"; each lane: its median of {repeats} rounds; a speedup: the median of the same-round ratios"
               if repeats > 1 else ""))
     t, step = 0.0, end / 40

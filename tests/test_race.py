@@ -58,11 +58,12 @@ class FakeEngine:
         pass
 
 
-def _race(warmup_tokens: int, repeats: int, lanes=("a", "b"), slow=lambda t: 1.0) -> tuple[RaceResult, Process]:
+def _race(warmup_tokens: int, repeats: int, lanes=("a", "b"), slow=lambda t: 1.0, turn: int = 1
+          ) -> tuple[RaceResult, Process]:
     proc = Process(slow)
     specs = [LaneSpec(x, "vanilla") for x in lanes]
     out = list(race(lambda spec, n: FakeEngine(proc, spec.name, n), specs, [3, 4], max_new_tokens=48,
-                    repeats=repeats, warmup_tokens=warmup_tokens, clock=proc.clock))
+                    repeats=repeats, warmup_tokens=warmup_tokens, clock=proc.clock, turn=turn))
     assert all(isinstance(x, str) for x in out[:-1]) and isinstance(out[-1], RaceResult)
     return out[-1], proc
 
@@ -99,12 +100,23 @@ def after_c(proc: Process) -> Process:
     return proc
 
 
-def _follow_race() -> RaceResult:
+def _follow_race(turn: int = 1) -> RaceResult:
     proc = after_c(Process())
     specs = [LaneSpec(x, "vanilla") for x in ("a", "b", "c")]
     out = list(race(lambda spec, n: FakeEngine(proc, spec.name, n), specs, [3, 4], max_new_tokens=96, repeats=3,
-                    clock=proc.clock))
+                    clock=proc.clock, turn=turn))
     return out[-1]
+
+
+def test_turns_of_several_steps_pay_for_the_neighbour_once_per_turn():
+    """Turns of 8 steps: a lane's steps come in runs of 8, so following "c" costs one step in 8, and lanes run
+    near their own speed (one step per turn: "a" and "b" pay it on about half their steps)."""
+    result, proc = _race(warmup_tokens=8, repeats=1, lanes=("a", "b", "c"), turn=8)
+    timed = proc.order[3 * 8:]
+    assert all(len(set(timed[i:i + 8])) == 1 for i in range(0, len(timed), 8))
+    tok_s = {t: _follow_race(t).lanes["a"].tok_s for t in (1, 8)}
+    assert tok_s[8] > 1.1 * tok_s[1], tok_s
+    assert abs(_follow_race(8).speedup("b") - 1) < 0.05
 
 
 def test_no_lane_always_follows_the_same_one():
@@ -157,6 +169,8 @@ def test_bad_race_arguments_are_refused():
         list(race(lambda s, n: None, [LaneSpec("a", "vanilla")], [1], 8, repeats=0))
     with pytest.raises(ValueError, match="lane"):
         list(race(lambda s, n: None, [], [1], 8))
+    with pytest.raises(ValueError, match="turn"):
+        list(race(lambda s, n: None, [LaneSpec("a", "vanilla")], [1], 8, turn=0))
 
 
 def test_the_replay_clock_is_the_tok_s_clock():

@@ -7,11 +7,13 @@ Timing, so that a speedup on screen is one the method earned:
 - a warm-up before the timed rounds: every lane runs a short generation first (not timed), so no lane pays the
   process's cold start (first forwards, allocator growth, the head's first call);
 - every lane is a fresh engine on the same model, stepped by the same loop (`run_round`, on the caller's thread);
-- the lanes of a round take turns, one engine step each: a lane's clock runs only during its own steps, so a slow
-  spell of the machine (seconds long on a shared VM, longer than a whole run) falls on every lane alike instead
-  of on whichever lane was running;
-- the turn order is shuffled every cycle (seeded): a step runs a little slower after a step of a different method
-  (the CPU's caches and branch predictors hold that method's work), so no lane may always follow the same one;
+- the lanes of a round take turns, `turn` engine steps each (TURN): a lane's clock runs only during its own
+  steps, so a slow spell of the machine (seconds long on a shared VM, longer than a whole run) falls on every lane
+  alike instead of on whichever lane was running;
+- a step runs slower right after another method's work (the CPU's caches hold that method's weights, KV cache
+  and drafter): with one step per turn every step pays it (lanes ran 10-20% under `switchsd bench`'s speed), with
+  TURN steps per turn one step in TURN does; and the turn order is shuffled every cycle (seeded), so no lane may
+  always follow the same one;
 - `repeats` rounds; each lane shows its median run (by Tok/s); a speedup is the median over rounds of the lane's
   Tok/s over the reference's in the same round;
 - one clock: a lane's Tok/s is its median run's tokens / the time of its own steps (prefill included, as the
@@ -31,6 +33,7 @@ from ..core.engine import Engine, Generation
 from ..core.events import StepEvent, summarize
 
 WARMUP_TOKENS = 8
+TURN = 8            # engine steps per turn: ~30-60 ms at this project's CPU speeds, far shorter than a slow spell
 
 
 @dataclass(frozen=True)
@@ -92,8 +95,8 @@ def timeline(run: Generation) -> tuple[list[float], list[int]]:
 
 
 def run_round(engines: Sequence[Engine], ids: list[int], clock: Callable[[], float] = time.perf_counter,
-              seed: int = 0) -> list[tuple[Generation, dict | None]]:
-    """Run every engine to the end, taking turns one step each in an order shuffled every cycle (`seed`); returns
+              seed: int = 0, turn: int = TURN) -> list[tuple[Generation, dict | None]]:
+    """Run every engine to the end, taking turns of `turn` steps each in an order shuffled every cycle (`seed`); returns
     per engine its Generation (wall time = the time of its own steps; each step's `timings["end"]` restamped on
     that clock) and its cost gate's outlook. The engines are closed at the end."""
     shuffle = random.Random(seed)
@@ -105,18 +108,19 @@ def run_round(engines: Sequence[Engine], ids: list[int], clock: Callable[[], flo
         while live:
             for i in shuffle.sample(live, len(live)):
                 target = engines[i].target
-                target.attach()                 # only this lane's capture hooks fire during its step
-                t0 = clock()
-                event = next(gens[i], None)
-                if engines[i].device.type == "cuda":
-                    torch.cuda.synchronize()
-                own[i] += clock() - t0
+                target.attach()                 # only this lane's capture hooks fire during its turn
+                for _ in range(turn):
+                    t0 = clock()
+                    event = next(gens[i], None)
+                    if engines[i].device.type == "cuda":
+                        torch.cuda.synchronize()
+                    own[i] += clock() - t0
+                    if event is None:
+                        live.remove(i)
+                        break
+                    event.timings["end"] = own[i]
+                    events[i].append(event)
                 target.close()
-                if event is None:
-                    live.remove(i)
-                    continue
-                event.timings["end"] = own[i]
-                events[i].append(event)
         out = []
         for engine, evs, wall in zip(engines, events, own):
             outlook = getattr(engine.policy, "outlook", None)
@@ -137,7 +141,7 @@ def _direct(fn, *args):
 def race(build: Callable[[LaneSpec, int], Engine], lanes: Sequence[LaneSpec], ids: list[int], max_new_tokens: int,
          repeats: int = 3, warmup_tokens: int = WARMUP_TOKENS, reference: str | None = None,
          run: Callable = _direct, skip: Callable[[LaneSpec, Exception], bool] = lambda spec, e: False,
-         clock: Callable[[], float] = time.perf_counter) -> Iterator[str | RaceResult]:
+         clock: Callable[[], float] = time.perf_counter, turn: int = TURN) -> Iterator[str | RaceResult]:
     """Yields a progress line before the warm-up and each round, then the RaceResult. `build(spec, max_new)` makes
     a fresh engine; `run(fn, *args)` calls fn where the torch work belongs (the studio: its torch thread). A lane
     whose build fails with an exception for which `skip(spec, e)` is true is left out (the others still race).
@@ -145,6 +149,8 @@ def race(build: Callable[[LaneSpec, int], Engine], lanes: Sequence[LaneSpec], id
     show what it prevents: the lane that steps first then pays the process's cold start)."""
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
+    if turn < 1:
+        raise ValueError("turn (steps per turn) must be >= 1")
     if not lanes:
         raise ValueError("a race needs at least one lane")
     reference = reference or lanes[0].name
@@ -160,15 +166,15 @@ def race(build: Callable[[LaneSpec, int], Engine], lanes: Sequence[LaneSpec], id
         live.append(spec)
     if warmup_tokens > 0:
         yield "warming up every lane (a short run each, untimed)…"
-        run(run_round, warm, ids, clock, -1)
+        run(run_round, warm, ids, clock, -1, turn)
     else:
         for engine in warm:
             engine.close()
     result = RaceResult({s.name: LaneResult(s) for s in live}, reference)
     for r in range(repeats):
-        yield f"round {r + 1}/{repeats}: {len(live)} lanes taking turns, one step each…"
+        yield f"round {r + 1}/{repeats}: {len(live)} lanes taking turns, {turn} step{'s' * (turn > 1)} each…"
         engines = [build(spec, max_new_tokens) for spec in live]
-        for spec, (g, outlook) in zip(live, run(run_round, engines, ids, clock, r)):
+        for spec, (g, outlook) in zip(live, run(run_round, engines, ids, clock, r, turn)):
             result.lanes[spec.name].runs.append(g)
             result.lanes[spec.name].gates.append(outlook)
     yield result

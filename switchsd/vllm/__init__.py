@@ -1,0 +1,64 @@
+"""SwitchSD inside vLLM (its own environment: `make vllm` builds .venv-vllm with vLLM's CPU build and this plugin).
+
+    copy.py     the copy drafter as a vLLM `custom_class` proposer (`switchsd.vllm.copy.CopyProposer`)
+    gate.py     SwitchSD: vLLM's EAGLE-3 proposer with the probe AND kappa-gram gate (SWITCHSD_VLLM_GATE=PROBE)
+    check.py    vLLM loads the plugin; greedy outputs with the copy proposer equal vLLM's without speculation
+
+`register()` is the `vllm.general_plugins` entry point (pyproject.toml): vLLM calls it in every process it starts.
+It checks that the running vLLM is the version the plugin was written against (it reads vLLM internals that move
+between releases: `INTERNALS`) and fails loudly, naming what moved, if not. Nothing here imports the rest of the
+XX
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+
+VLLM_VERSION = "0.32.0"
+# (module, attribute) pairs this plugin relies on; `check_internals` names any that moved
+INTERNALS = (
+    ("vllm.v1.spec_decode.custom_class_proposer", "create_custom_proposer"),
+    ("vllm.config.speculative", "SpeculativeConfig"),
+    ("vllm.logger", "init_logger"),
+    ("vllm.v1.spec_decode.eagle", "EagleProposer"),
+)
+# the leading parameters of EagleProposer.propose that gate.py passes on by position
+PROPOSE_PARAMS = ("self", "num_speculative_tokens", "target_token_ids", "target_positions", "target_hidden_states",
+                  "next_token_ids", "token_indices_to_sample", "common_attn_metadata", "sampling_metadata",
+                  "mm_embed_inputs", "num_rejected_tokens_gpu")
+
+
+class VllmVersionError(RuntimeError):
+    pass
+
+
+def check_internals() -> list[str]:
+    """The (module.attribute) names of INTERNALS that this vLLM lacks (empty: all present)."""
+    missing = []
+    for module, attr in INTERNALS:
+        try:
+            if not hasattr(importlib.import_module(module), attr):
+                missing.append(f"{module}.{attr}")
+        except ImportError:
+            missing.append(f"{module}.{attr}")
+    if not missing:
+        from vllm.v1.spec_decode.eagle import EagleProposer
+        params = tuple(inspect.signature(EagleProposer.propose).parameters)
+        if params[:len(PROPOSE_PARAMS)] != PROPOSE_PARAMS:
+            missing.append(f"vllm.v1.spec_decode.eagle.EagleProposer.propose{PROPOSE_PARAMS[1:]} (now {params[1:]})")
+    return missing
+
+
+def register() -> None:
+    import vllm
+    version = getattr(vllm, "__version__", "?")
+    if not version.startswith(VLLM_VERSION):
+        raise VllmVersionError(f"switchsd's vLLM plugin is pinned to vllm {VLLM_VERSION}; this is {version} "
+                               f"(rebuild with `make vllm`)")
+    missing = check_internals()
+    if missing:
+        raise VllmVersionError(f"vLLM {version} lacks what switchsd's plugin uses: {', '.join(missing)}")
+    from .gate import ENV, install
+    if os.environ.get(ENV):
+        install(os.environ[ENV])

@@ -1,0 +1,162 @@
+"""SwitchSD in vLLM: vLLM's own EAGLE-3 proposer with SwitchSD's gate in front of it, per request and step.
+
+    SWITCHSD_VLLM_GATE=probes/smollm2-135m-instruct.safetensors vllm serve MODEL \
+        --speculative-config '{"method": "eagle3", "model": "assets/eagle3-smollm2-135m", "num_speculative_tokens": 3}'
+
+With the variable set, the plugin (`switchsd.vllm.register`) wraps two methods of vLLM's `EagleProposer`:
+- `load_model(target)`: also hooks the probe's site in the target, layer l's residual stream after attention (the
+  second output of `layers[l].post_attention_layernorm`, vLLM's fused add-and-norm), and writes w . h for every token
+  of each target forward into one persistent buffer (no allocation per step);
+- `propose(...)`: EAGLE-3 drafts every request as vLLM would; then a request whose last verified token scores
+  probe >= tau AND whose last kappa tokens occurred earlier in its context (`copy.copy_chain`) takes the copy chain
+  instead, written over its EAGLE-3 draft (the copy's tokens, then EAGLE-3's where the copy is shorter).
+vLLM's rejection sampler is untouched, and the drafts are point masses (EAGLE-3's greedy draft sampling, which
+the gate requires), so every output is what vLLM samples without speculation. Per-path counts (copy / neural,
+tokens drafted) are logged every LOG_EVERY steps beside vLLM's own acceptance metrics. Checked on vLLM's CPU
+build in eager mode; CUDA graphs / torch.compile are not verified here (a forward hook in a compiled model).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from .copy import KAPPA, copy_chain
+
+ENV = "SWITCHSD_VLLM_GATE"
+LOG_EVERY = 200
+
+
+class GateError(ValueError):
+    pass
+
+
+def load_gate_probe(path: str, hidden_size: int, num_layers: int):
+    """The probe at `path`, refused with one line unless it fits a target of this shape."""
+    from switchsd.core.probe import ProbeError, load_probe
+    try:
+        probe = load_probe(path)
+    except (ProbeError, OSError) as e:
+        raise GateError(f"{ENV}={path}: {e}") from None
+    if probe.sublayer != "attn":
+        raise GateError(f"{path}: the vLLM gate reads the residual stream after attention; this probe reads "
+                        f"{probe.site}")
+    if probe.weight.numel() != hidden_size or not 0 <= probe.layer < num_layers:
+        raise GateError(f"{path}: probe for hidden size {probe.weight.numel()} at layer {probe.layer}; the served "
+                        f"model has hidden size {hidden_size} and {num_layers} layers")
+    return probe
+
+
+class Gate:
+    """The probe's per-token logits (filled by a hook during each target forward) and the per-request choice."""
+    _last: "Gate | None" = None              # the latest gate in this process (its counts: last_counts)
+
+    def __init__(self, probe, target, max_tokens: int, kappa: int = KAPPA):
+        self.w = probe.weight.float()
+        self.tau, self.kappa, self.layer = float(probe.tau), kappa, probe.layer
+        self.logits = torch.zeros(max_tokens)                  # [tokens of the last target forward]
+        self.counts = {"steps": 0, "copy": 0, "neural": 0, "copy_tokens": 0,
+                       "accepted": {"copy": 0, "neural": 0}, "verified": {"copy": 0, "neural": 0}}
+        self.previous: dict[str, tuple[str, int]] = {}        # request id -> (its last draft's path, tokens then)
+        self.calls = 0
+        Gate._last = self
+        layers = target.model.layers
+        layers[probe.layer].post_attention_layernorm.register_forward_hook(self._read)
+
+    @classmethod
+    def last_counts(cls) -> dict | None:
+        if cls._last is None:
+            return None
+        c = cls._last.counts
+        mal = {p: c["accepted"][p] / max(1, c["verified"][p]) for p in ("copy", "neural")}
+        return {**c, "mal": mal}
+
+    def _read(self, module, args, output) -> None:
+        residual = output[1] if isinstance(output, tuple) else output        # [n, d] after attention
+        n = residual.shape[0]
+        if n > self.logits.shape[0]:
+            self.logits = torch.zeros(n)
+        self.logits[:n].copy_(residual.float() @ self.w.to(residual.device))
+
+    def apply(self, drafts: torch.Tensor, last_index: torch.Tensor, token_ids: np.ndarray,
+              num_tokens: np.ndarray, req_ids: list[str]) -> torch.Tensor:
+        """drafts [B, k] (EAGLE-3's); last_index [B]: each request's last verified token in the target forward.
+        Also credits each request's previous draft with the tokens it committed since (accepted = committed - 1)."""
+        k = drafts.shape[1]
+        scores = torch.sigmoid(self.logits[last_index.cpu().long()]).tolist()
+        out = None
+        for i, s in enumerate(scores):
+            n = int(num_tokens[i])
+            before = self.previous.get(req_ids[i])
+            if before is not None and n > before[1]:
+                self.counts["verified"][before[0]] += 1
+                self.counts["accepted"][before[0]] += n - before[1] - 1
+            chain = copy_chain(token_ids[i, :n], self.kappa, k) if s >= self.tau else []
+            self.previous[req_ids[i]] = ("copy" if chain else "neural", n)
+            self.counts["steps"] += 1
+            if chain:
+                out = drafts.clone() if out is None else out
+                out[i, :len(chain)] = torch.tensor(chain, dtype=drafts.dtype)
+                self.counts["copy"] += 1
+                self.counts["copy_tokens"] += len(chain)
+            else:
+                self.counts["neural"] += 1
+        self.calls += 1
+        if len(self.previous) > 4 * len(req_ids) + 64:          # finished requests: forget them
+            live = set(req_ids)
+            self.previous = {r: v for r, v in self.previous.items() if r in live}
+        if self.calls % LOG_EVERY == 0:
+            log(self.counts)
+        return drafts if out is None else out
+
+
+def log(counts: dict) -> None:
+    from vllm.logger import init_logger
+    s, acc, ver = max(1, counts["steps"]), counts["accepted"], counts["verified"]
+    init_logger(__name__).info(
+        "SwitchSD gate: %d request-steps; copy %.1f%% (%.2f tokens drafted, %.2f accepted per step); "
+        "neural %.1f%% (%.2f accepted per step)", counts["steps"], 100 * counts["copy"] / s,
+        counts["copy_tokens"] / max(1, counts["copy"]), acc["copy"] / max(1, ver["copy"]),
+        100 * counts["neural"] / s, acc["neural"] / max(1, ver["neural"]))
+
+
+def install(probe_path: str) -> None:
+    """Wrap vLLM's EagleProposer (load_model, propose) with the gate. Idempotent."""
+    from vllm.v1.spec_decode.eagle import EagleProposer
+    if getattr(EagleProposer, "_switchsd", False):
+        return
+    load_model, propose = EagleProposer.load_model, EagleProposer.propose
+
+    def gated_load_model(self, target_model, *args, **kwargs):
+        load_model(self, target_model, *args, **kwargs)
+        spec = self.vllm_config.speculative_config
+        if spec.method != "eagle3":
+            raise GateError(f"the SwitchSD gate wraps EAGLE-3; this server drafts with {spec.method!r}")
+        if getattr(spec, "draft_sample_method", "greedy") != "greedy":
+            raise GateError("the SwitchSD gate writes point-mass copy drafts: it needs EAGLE-3's greedy drafting")
+        hf = self.vllm_config.model_config.hf_config
+        probe = load_gate_probe(probe_path, int(hf.hidden_size), int(hf.num_hidden_layers))
+        self._switchsd_gate = Gate(probe, target_model, self.vllm_config.scheduler_config.max_num_batched_tokens,
+                                   int(os.environ.get("SWITCHSD_KAPPA", KAPPA)))
+
+    def gated_propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                      next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
+                      *args, **kwargs):
+        drafts = propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                         next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
+                         *args, **kwargs)
+        gate = getattr(self, "_switchsd_gate", None)
+        if gate is None or drafts.numel() == 0:
+            return drafts
+        last = token_indices_to_sample
+        if last is None:                  # vLLM's own rule: the last scheduled token, less the rejected drafts
+            last = common_attn_metadata.query_start_loc[1:] - 1
+            rejected = kwargs.get("num_rejected_tokens_gpu", args[1] if len(args) > 1 else None)
+            if rejected is not None:
+                last = last - rejected
+        batch = self.runner.input_batch
+        return gate.apply(drafts, last, batch.token_ids_cpu, batch.num_tokens_no_spec, batch.req_ids)
+
+    EagleProposer.load_model, EagleProposer.propose = gated_load_model, gated_propose
+    EagleProposer._switchsd = True

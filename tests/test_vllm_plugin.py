@@ -1,0 +1,123 @@
+"""The vLLM plugin (switchsd/vllm): the copy proposer drafts what the engine's copy drafter drafts first; the plugin
+refuses a vLLM it was not written against, naming what moved; and, in vLLM's own environment (.venv-vllm, `make
+vllm`), vLLM loads the plugin and its greedy outputs with the copy proposer equal its outputs without
+speculation."""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from switchsd.core.config import CopyConfig
+from switchsd.core.drafting import DraftRequest
+from switchsd.drafters.copy import CopyDrafter
+from switchsd.vllm import VllmVersionError, check_internals, register
+from switchsd.vllm.copy import CopyProposer, copy_chain
+from switchsd.vllm.gate import Gate, GateError, load_gate_probe
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = ROOT / ".venv-vllm" / "bin" / "python"
+
+
+def test_copy_chain_is_the_copy_drafter_s_first_candidate():
+    r = random.Random(0)
+    drafted = 0
+    for _ in range(1500):
+        toks = [r.randrange(5) for _ in range(r.randrange(1, 50))]
+        d = CopyDrafter(CopyConfig(kappa=3, max_draft_len=6, max_candidates=3))
+        d.reset(toks)
+        draft = d.propose(DraftRequest(tokens=toks, max_len=6, budget=20))
+        want = draft.candidates[0] if draft else []
+        assert copy_chain(np.array(toks), 3, 6) == want, toks
+        drafted += bool(want)
+    assert drafted > 200          # the comparison is not vacuous (232 of 1,500 draft)
+
+
+def test_copy_proposer_drafts_per_request_and_counts_its_paths():
+    cfg = types.SimpleNamespace(speculative_config=types.SimpleNamespace(num_speculative_tokens=4),
+                                model_config=types.SimpleNamespace(max_model_len=64))
+    p = CopyProposer(cfg)
+    toks = np.zeros((3, 64), dtype=np.int64)
+    toks[0, :10] = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]       # "1 2 3" occurred before: copy 4 5 6 7
+    toks[1, :6] = [9, 8, 7, 6, 5, 4]                     # no repeat: no draft
+    toks[2, :10] = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]        # no token sampled this step: skipped
+    out = p.propose([[3], [4], []], np.array([10, 6, 10]), toks)
+    assert out == [[4, 5, 6, 7], [], []]
+    assert p.counts == {"steps": 2, "copy": 1, "none": 1, "drafted_tokens": 4}
+
+
+def test_plugin_refuses_another_vllm_and_names_a_moved_symbol(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.31.2"))
+    with pytest.raises(VllmVersionError, match="pinned to vllm 0.32.0; this is 0.31.2"):
+        register()
+    fake = types.ModuleType("vllm.v1.spec_decode.custom_class_proposer")      # the module is there, the symbol not
+    for name in ("vllm.v1", "vllm.v1.spec_decode"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.v1.spec_decode.custom_class_proposer", fake)
+    assert "vllm.v1.spec_decode.custom_class_proposer.create_custom_proposer" in check_internals()
+
+
+class _Norm(torch.nn.Module):          # vLLM's fused add-and-norm: returns (normed, residual)
+    def forward(self, x, residual):
+        r = x + residual
+        return r * 2, r
+
+
+def _target(n_layers: int = 3):
+    layer = lambda: types.SimpleNamespace(post_attention_layernorm=_Norm())           # noqa: E731
+    return types.SimpleNamespace(model=types.SimpleNamespace(layers=[layer() for _ in range(n_layers)]))
+
+
+def test_gate_copies_where_the_probe_fires_and_a_match_exists_else_keeps_eagle3(tmp_path):
+    """The hook reads layer l's residual after attention for every token of the target forward; a request takes
+    the copy chain iff its last verified token scores >= tau AND its last kappa tokens occurred before."""
+    from switchsd.core.probe import Probe
+    probe = Probe(torch.tensor([1.0, 0.0, 0.0, 0.0]), layer=1, sublayer="attn", tau=0.5)
+    target = _target()
+    gate = Gate(probe, target, max_tokens=8, kappa=2)
+    x = torch.zeros(5, 4)
+    x[1, 0], x[4, 0] = 3.0, -3.0                     # token 1 scores ~0.95, token 4 ~0.05
+    target.model.layers[1].post_attention_layernorm(x, torch.zeros(5, 4))        # the target forward
+    toks = np.zeros((3, 16), dtype=np.int64)
+    toks[0, :7] = [5, 6, 7, 8, 9, 5, 6]              # "5 6" occurred: copy 7 8 9
+    toks[1, :7] = [5, 6, 7, 8, 9, 5, 6]              # same context, probe low: EAGLE-3's draft stays
+    toks[2, :4] = [1, 2, 3, 4]                       # probe high, no match: EAGLE-3
+    eagle = torch.full((3, 3), 42)
+    out = gate.apply(eagle, torch.tensor([1, 4, 1]), toks, np.array([7, 7, 4]), ["a", "b", "c"])
+    assert out.tolist() == [[7, 8, 9], [42, 42, 42], [42, 42, 42]] and eagle.tolist()[0] == [42, 42, 42]
+    assert (gate.counts["copy"], gate.counts["neural"]) == (1, 2)
+    toks[0, 7:10] = [7, 8, 0]                        # request a committed 3 tokens: 2 of its copy accepted
+    gate.apply(eagle, torch.tensor([1, 4, 1]), toks, np.array([10, 7, 4]), ["a", "b", "c"])
+    assert gate.counts["accepted"]["copy"] == 2 and gate.counts["verified"]["copy"] == 1
+
+
+def test_a_probe_that_does_not_fit_the_served_model_is_refused(tmp_path):
+    shipped = ROOT / "probes" / "smollm2-135m-instruct.safetensors"
+    assert load_gate_probe(str(shipped), 576, 30).layer == 19
+    with pytest.raises(GateError, match="hidden size 576 at layer 19; the served model has hidden size 4096"):
+        load_gate_probe(str(shipped), 4096, 32)
+    with pytest.raises(GateError, match="SWITCHSD_VLLM_GATE"):
+        load_gate_probe(str(tmp_path / "missing.safetensors"), 576, 30)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not VENV.exists(), reason="vLLM's environment is missing: `make vllm` builds .venv-vllm")
+def test_vllm_greedy_with_copy_and_switchsd_equals_no_speculation(tmp_path):
+    out = tmp_path / "check.json"
+    r = subprocess.run([str(VENV), "-m", "switchsd.vllm.check", "--out", str(out), "--max-tokens", "48"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["plugin_loaded"] and res["internals_missing"] == []
+    for name in ("copy", "switchsd"):
+        m = res["methods"][name]
+        assert m["identical"] == res["n"] == 3, (name, m)
+        assert m["counts"]["copy"] > 0, (name, m)         # it copied (the JSON echo)
+    assert res["methods"]["switchsd"]["counts"]["neural"] > 0     # and left the story to EAGLE-3
