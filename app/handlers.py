@@ -28,6 +28,9 @@ MAX_NEW_TOKENS = 1024
 REFRESH_S = float(os.environ.get("SWITCHSD_REFRESH_S", 0.5))        # the token view, not per token
 PLOT_REFRESH_S = float(os.environ.get("SWITCHSD_PLOT_REFRESH_S", 0.5))   # the four live plots
 FULL_REFRESH_S = float(os.environ.get("SWITCHSD_FULL_REFRESH_S", 3.0))   # whole view through Gradio (API)
+# the first live frame once a run has lasted this long: a frame costs the browser tens of ms of CPU on the cores the
+# engine decodes on, which a run of a few hundred ms (128 tokens at q4q8's speed) would pay for nothing
+FIRST_FRAME_S = float(os.environ.get("SWITCHSD_FIRST_FRAME_S", 0.4))
 PLOT_IDS = ("plot-accept", "plot-probe", "plot-copy-rate", "plot-toks")    # elem ids, in output order
 UI_SHARE = 0.05            # ...and both less often when drawing would take more than this share of the time
 
@@ -151,7 +154,7 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
             events.append(e)
             now = time.perf_counter()
             done = e.finished is not None
-            if now - last < max(REFRESH_S, ui_cost / UI_SHARE) and not done:
+            if (now - last < max(REFRESH_S, ui_cost / UI_SHARE) or now - t0 < FIRST_FRAME_S) and not done:
                 continue
             s = summarize(events, now - t0)
             if done:                        # the final frame: everything through Gradio, the board closes

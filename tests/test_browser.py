@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.real, pytest.mark.browser,
 def page():
     from app_server import AppServer
     from playwright.sync_api import sync_playwright
-    live = {"SWITCHSD_PLOT_REFRESH_S": "0.1", "SWITCHSD_REFRESH_S": "0.1"}   # live frames even in a short run
+    live = {"SWITCHSD_PLOT_REFRESH_S": "0.1", "SWITCHSD_REFRESH_S": "0.1",   # live frames even in a short run
+            "SWITCHSD_FIRST_FRAME_S": "0"}
     os.environ.update(live)                                                   # (server env)
     try:
         server = AppServer()

@@ -446,7 +446,7 @@ def test_lazy_propagation_after_branch_accepts(target, head):
     features of the first rows instead of the accepted branch's rows would break it."""
     ids = repetitive_prompt(6, n=12, reps=2)
     want = greedy_reference(target, ids, 30, eos=None)
-    eagle = Eagle3Drafter(head, target, chain=True, gamma=3)
+    eagle = Eagle3Drafter(head, target, chain=True, gamma=3, catch_up=None)   # every position fed
     cfg = EngineConfig(max_new_tokens=30, budget=12, stop_at_eos=False)
     events = list(make_engine(target, EveryOther(BranchOracle(ids + want), eagle), cfg, ()).generate(ids))
     assert [t for e in events for t in e.new_tokens] == want
