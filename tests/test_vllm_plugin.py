@@ -20,7 +20,7 @@ from switchsd.core.drafting import DraftRequest
 from switchsd.drafters.copy import CopyDrafter
 from switchsd.vllm import VllmVersionError, check_internals, register
 from switchsd.vllm.copy import CopyProposer, copy_chain
-from switchsd.vllm.gate import Gate, GateError, load_gate_probe
+from switchsd.vllm.gate import Gate, GateError, committed, load_gate_probe
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv-vllm" / "bin" / "python"
@@ -85,17 +85,30 @@ def test_gate_copies_where_the_probe_fires_and_a_match_exists_else_keeps_eagle3(
     x = torch.zeros(5, 4)
     x[1, 0], x[4, 0] = 3.0, -3.0                     # token 1 scores ~0.95, token 4 ~0.05
     target.model.layers[1].post_attention_layernorm(x, torch.zeros(5, 4))        # the target forward
-    toks = np.zeros((3, 16), dtype=np.int64)
-    toks[0, :7] = [5, 6, 7, 8, 9, 5, 6]              # "5 6" occurred: copy 7 8 9
-    toks[1, :7] = [5, 6, 7, 8, 9, 5, 6]              # same context, probe low: EAGLE-3's draft stays
-    toks[2, :4] = [1, 2, 3, 4]                       # probe high, no match: EAGLE-3
+    seqs = [np.array([5, 6, 7, 8, 9, 5, 6]),         # "5 6" occurred: copy 7 8 9
+            np.array([5, 6, 7, 8, 9, 5, 6]),         # same context, probe low: EAGLE-3's draft stays
+            np.array([1, 2, 3, 4])]                  # probe high, no match: EAGLE-3
     eagle = torch.full((3, 3), 42)
-    out = gate.apply(eagle, torch.tensor([1, 4, 1]), toks, np.array([7, 7, 4]), ["a", "b", "c"])
+    out = gate.apply(eagle, torch.tensor([1, 4, 1]), seqs, ["a", "b", "c"])
     assert out.tolist() == [[7, 8, 9], [42, 42, 42], [42, 42, 42]] and eagle.tolist()[0] == [42, 42, 42]
     assert (gate.counts["copy"], gate.counts["neural"]) == (1, 2)
-    toks[0, 7:10] = [7, 8, 0]                        # request a committed 3 tokens: 2 of its copy accepted
-    gate.apply(eagle, torch.tensor([1, 4, 1]), toks, np.array([10, 7, 4]), ["a", "b", "c"])
+    seqs[0] = np.array([5, 6, 7, 8, 9, 5, 6, 7, 8, 0])      # request a committed 3 tokens: 2 of its copy accepted
+    gate.apply(eagle, torch.tensor([1, 4, 1]), seqs, ["a", "b", "c"])
     assert gate.counts["accepted"]["copy"] == 2 and gate.counts["verified"]["copy"] == 1
+
+
+def test_committed_sequences_include_the_step_s_accepted_drafts_and_next_token():
+    """vLLM proposes before it books the step: the committed tokens come from its input batch up to the forward's
+    first position, then the forward's rows up to the last accepted one, then the sampled token. A prefill chunk
+    (request 1, positions 4..6 of a 7-token prompt) and a decode step with 2 of 3 drafts accepted (request 0)."""
+    book = np.zeros((2, 16), dtype=np.int64)
+    book[0, :6] = [1, 2, 3, 4, 5, 6]                 # request 0: 6 committed; this forward: 6 (pos 5) + drafts 7 8 9
+    book[1, :7] = [9, 9, 9, 9, 8, 8, 8]              # request 1: prompt in the batch, the chunk 8 8 8 in the forward
+    forward = np.array([6, 7, 8, 9, 8, 8, 8])
+    positions = np.array([5, 6, 7, 8, 4, 5, 6])
+    seqs = committed(book, np.array([0, 4]), np.array([2, 6]), forward, positions, np.array([70, 71]))
+    assert seqs[0].tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 70]         # drafts 7, 8 accepted, 9 rejected, then 70
+    assert seqs[1].tolist() == [9, 9, 9, 9, 8, 8, 8, 71]
 
 
 def test_a_probe_that_does_not_fit_the_served_model_is_refused(tmp_path):

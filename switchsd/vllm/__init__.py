@@ -6,8 +6,8 @@
 
 `register()` is the `vllm.general_plugins` entry point (pyproject.toml): vLLM calls it in every process it starts.
 It checks that the running vLLM is the version the plugin was written against (it reads vLLM internals that move
-between releases: `INTERNALS`) and fails loudly, naming what moved, if not. Nothing here imports the rest of the
-XX
+between releases: `INTERNALS`) and fails loudly, naming what moved, if not. Importing this package imports nothing
+of vLLM's; `register()` and the modules above do.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ INTERNALS = (
 PROPOSE_PARAMS = ("self", "num_speculative_tokens", "target_token_ids", "target_positions", "target_hidden_states",
                   "next_token_ids", "token_indices_to_sample", "common_attn_metadata", "sampling_metadata",
                   "mm_embed_inputs", "num_rejected_tokens_gpu")
+INIT_PARAMS = ("self", "vllm_config", "device", "runner")     # EagleProposer.__init__: the runner, third
 
 
 class VllmVersionError(RuntimeError):
@@ -44,9 +45,10 @@ def check_internals() -> list[str]:
             missing.append(f"{module}.{attr}")
     if not missing:
         from vllm.v1.spec_decode.eagle import EagleProposer
-        params = tuple(inspect.signature(EagleProposer.propose).parameters)
-        if params[:len(PROPOSE_PARAMS)] != PROPOSE_PARAMS:
-            missing.append(f"vllm.v1.spec_decode.eagle.EagleProposer.propose{PROPOSE_PARAMS[1:]} (now {params[1:]})")
+        for name, want in (("__init__", INIT_PARAMS), ("propose", PROPOSE_PARAMS)):
+            params = tuple(inspect.signature(getattr(EagleProposer, name)).parameters)
+            if params[:len(want)] != want:
+                missing.append(f"vllm.v1.spec_decode.eagle.EagleProposer.{name}{want[1:]} (now {params[1:]})")
     return missing
 
 

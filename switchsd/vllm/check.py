@@ -10,6 +10,7 @@ writes with --out, one JSON object.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 from pathlib import Path
@@ -65,12 +66,13 @@ def main(argv=None) -> None:
     for name in ["none"] + [m for m in a.methods.split(",") if m]:
         spec = specs[name]
         llm = LLM(model=a.model, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
-                  speculative_config=spec)
+                  speculative_config=spec, gpu_memory_utilization=0.25)      # on a CPU: a share of the RAM
         tok = llm.get_tokenizer()
         prompts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
                    for p in PROMPTS]
         outs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
         del llm
+        gc.collect()                       # its KV cache, before the next engine reserves its own
     counts = {"copy": CopyProposer.last_counts(), "switchsd": Gate.last_counts()}
     res = {"plugin_loaded": loaded, "internals_missing": check_internals(), "n": len(PROMPTS),
            "tokens": [len(o) for o in outs["none"]], "methods": {}}

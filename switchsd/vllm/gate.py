@@ -17,6 +17,7 @@ build in eager mode; CUDA graphs / torch.compile are not verified here (a forwar
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -79,20 +80,21 @@ class Gate:
             self.logits = torch.zeros(n)
         self.logits[:n].copy_(residual.float() @ self.w.to(residual.device))
 
-    def apply(self, drafts: torch.Tensor, last_index: torch.Tensor, token_ids: np.ndarray,
-              num_tokens: np.ndarray, req_ids: list[str]) -> torch.Tensor:
-        """drafts [B, k] (EAGLE-3's); last_index [B]: each request's last verified token in the target forward.
-        Also credits each request's previous draft with the tokens it committed since (accepted = committed - 1)."""
+    def apply(self, drafts: torch.Tensor, last_index: torch.Tensor, seqs: list[np.ndarray],
+              req_ids: list[str]) -> torch.Tensor:
+        """drafts [B, k] (EAGLE-3's); last_index [B]: each request's last verified token in the target forward;
+        seqs: each request's committed tokens, this step's included (`committed`). Also credits each request's
+        previous draft with the tokens it committed since (accepted = committed - 1)."""
         k = drafts.shape[1]
         scores = torch.sigmoid(self.logits[last_index.cpu().long()]).tolist()
         out = None
         for i, s in enumerate(scores):
-            n = int(num_tokens[i])
+            n = len(seqs[i])
             before = self.previous.get(req_ids[i])
             if before is not None and n > before[1]:
                 self.counts["verified"][before[0]] += 1
                 self.counts["accepted"][before[0]] += n - before[1] - 1
-            chain = copy_chain(token_ids[i, :n], self.kappa, k) if s >= self.tau else []
+            chain = copy_chain(seqs[i], self.kappa, k) if s >= self.tau else []
             self.previous[req_ids[i]] = ("copy" if chain else "neural", n)
             self.counts["steps"] += 1
             if chain:
@@ -111,6 +113,20 @@ class Gate:
         return drafts if out is None else out
 
 
+def committed(token_ids: np.ndarray, first: np.ndarray, last: np.ndarray, forward_tokens: np.ndarray,
+              forward_positions: np.ndarray, next_tokens: np.ndarray) -> list[np.ndarray]:
+    """Each request's committed tokens once this step's are in, built from the target forward itself: vLLM calls
+    EAGLE-3's propose before it books the step's tokens into `token_ids` (its input batch, [B, max_len]).
+    Request i's rows of the forward are first[i]..last[i] (up to its last accepted row) at positions
+    forward_positions[first[i]]...; everything before that position is in token_ids already; next_tokens[i] is the
+    token sampled after row last[i]."""
+    seqs = []
+    for i, (a, b) in enumerate(zip(first.tolist(), last.tolist())):
+        p0 = int(forward_positions[a])
+        seqs.append(np.concatenate([token_ids[i, :p0], forward_tokens[a:b + 1], next_tokens[i:i + 1]]))
+    return seqs
+
+
 def log(counts: dict) -> None:
     from vllm.logger import init_logger
     s, acc, ver = max(1, counts["steps"]), counts["accepted"], counts["verified"]
@@ -126,7 +142,11 @@ def install(probe_path: str) -> None:
     from vllm.v1.spec_decode.eagle import EagleProposer
     if getattr(EagleProposer, "_switchsd", False):
         return
-    load_model, propose = EagleProposer.load_model, EagleProposer.propose
+    init, load_model, propose = EagleProposer.__init__, EagleProposer.load_model, EagleProposer.propose
+
+    def gated_init(self, vllm_config, device, runner=None, *args, **kwargs):
+        init(self, vllm_config, device, runner, *args, **kwargs)
+        self._switchsd_runner = runner            # its input batch: the requests' ids and committed tokens
 
     def gated_load_model(self, target_model, *args, **kwargs):
         load_model(self, target_model, *args, **kwargs)
@@ -135,6 +155,9 @@ def install(probe_path: str) -> None:
             raise GateError(f"the SwitchSD gate wraps EAGLE-3; this server drafts with {spec.method!r}")
         if getattr(spec, "draft_sample_method", "greedy") != "greedy":
             raise GateError("the SwitchSD gate writes point-mass copy drafts: it needs EAGLE-3's greedy drafting")
+        if getattr(spec, "disable_padded_drafter_batch", False):
+            raise GateError("the SwitchSD gate reads the probe at the target forward's own rows: it needs vLLM's "
+                            "padded drafter batch (drop disable_padded_drafter_batch)")
         hf = self.vllm_config.model_config.hf_config
         probe = load_gate_probe(probe_path, int(hf.hidden_size), int(hf.num_hidden_layers))
         self._switchsd_gate = Gate(probe, target_model, self.vllm_config.scheduler_config.max_num_batched_tokens,
@@ -149,14 +172,20 @@ def install(probe_path: str) -> None:
         gate = getattr(self, "_switchsd_gate", None)
         if gate is None or drafts.numel() == 0:
             return drafts
+        first = common_attn_metadata.query_start_loc[:-1]
         last = token_indices_to_sample
         if last is None:                  # vLLM's own rule: the last scheduled token, less the rejected drafts
             last = common_attn_metadata.query_start_loc[1:] - 1
             rejected = kwargs.get("num_rejected_tokens_gpu", args[1] if len(args) > 1 else None)
             if rejected is not None:
                 last = last - rejected
-        batch = self.runner.input_batch
-        return gate.apply(drafts, last, batch.token_ids_cpu, batch.num_tokens_no_spec, batch.req_ids)
+        batch = self._switchsd_runner.input_batch
+        positions = target_positions[0] if target_positions.dim() == 2 else target_positions    # M-RoPE: [3, T]
+        seqs = committed(batch.token_ids_cpu, first.cpu().numpy(), last.cpu().numpy(), target_token_ids.cpu().numpy(),
+                         positions.cpu().numpy(), next_token_ids.cpu().numpy())
+        return gate.apply(drafts, last, seqs, batch.req_ids)
 
-    EagleProposer.load_model, EagleProposer.propose = gated_load_model, gated_propose
+    for wrapper, original in ((gated_init, init), (gated_load_model, load_model), (gated_propose, propose)):
+        functools.update_wrapper(wrapper, original)            # signatures read through (`check_internals`)
+    EagleProposer.__init__, EagleProposer.load_model, EagleProposer.propose = gated_init, gated_load_model, gated_propose
     EagleProposer._switchsd = True
