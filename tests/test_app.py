@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,12 @@ def test_html_builder_escapes_hostile_tokens():
 @pytest.fixture(scope="module")
 def server():
     from app_server import AppServer
-    s = AppServer()
+    old = os.environ.get("SWITCHSD_FIRST_FRAME_S")
+    os.environ["SWITCHSD_FIRST_FRAME_S"] = "0"        # live frames from the first step, even in a short run
+    try:
+        s = AppServer()
+    finally:
+        os.environ.pop("SWITCHSD_FIRST_FRAME_S") if old is None else os.environ.update(SWITCHSD_FIRST_FRAME_S=old)
     yield s
     s.close()
 
@@ -98,7 +104,9 @@ def test_api_stop_cancels(server):
     c = Client(server.url, verbose=False)
     job = c.submit("Write a long story about a dragon.", "vanilla", 0.0, 1024, True, False, 0.5, 5, 10, 20, 0,
                    "auto", api_name="/generate")
-    time.sleep(6)
+    t0 = time.time()               # cancel at the first streamed frame (q4q8 writes 1,024 tokens in ~5 s)
+    while not any(o and o[1] for o in job.outputs()) and time.time() - t0 < 60:
+        time.sleep(0.05)
     job.cancel()
     t0 = time.time()
     while not job.done() and time.time() - t0 < 30:

@@ -89,12 +89,37 @@ def test_gate_copies_where_the_probe_fires_and_a_match_exists_else_keeps_eagle3(
             np.array([5, 6, 7, 8, 9, 5, 6]),         # same context, probe low: EAGLE-3's draft stays
             np.array([1, 2, 3, 4])]                  # probe high, no match: EAGLE-3
     eagle = torch.full((3, 3), 42)
-    out = gate.apply(eagle, torch.tensor([1, 4, 1]), seqs, ["a", "b", "c"])
+    scores = gate.scores(torch.tensor([1, 4, 1]), torch.zeros(5, 12))
+    assert [round(x, 2) for x in scores] == [0.95, 0.05, 0.95]
+    out = gate.apply(eagle, scores, seqs, ["a", "b", "c"])
     assert out.tolist() == [[7, 8, 9], [42, 42, 42], [42, 42, 42]] and eagle.tolist()[0] == [42, 42, 42]
     assert (gate.counts["copy"], gate.counts["neural"]) == (1, 2)
     seqs[0] = np.array([5, 6, 7, 8, 9, 5, 6, 7, 8, 0])      # request a committed 3 tokens: 2 of its copy accepted
-    gate.apply(eagle, torch.tensor([1, 4, 1]), seqs, ["a", "b", "c"])
+    gate.apply(eagle, scores, seqs, ["a", "b", "c"])
     assert gate.counts["accepted"]["copy"] == 2 and gate.counts["verified"]["copy"] == 1
+    # a request reading its prompt in chunks (live False) is neither drafted for nor credited: its chunk's
+    # tokens are not accepted drafts
+    steps = gate.counts["steps"]
+    chunk = [np.arange(40), seqs[1], seqs[2]]
+    out = gate.apply(eagle, scores, chunk, ["d", "b", "c"], live=[False, True, True])
+    assert gate.counts["steps"] == steps + 2 and "d" not in gate.previous and out[0].tolist() == [42, 42, 42]
+
+
+def test_an_mlp_probe_reads_its_layer_from_eagle3_s_captured_features():
+    """A probe on layer 14's output reads the second block of EAGLE-3's features when vLLM captures layers
+    (2, 15, 27) (each the input of that layer: the output of 1, 14, 26), with no hook in the target; a probe on a
+    layer EAGLE-3 does not capture is refused, naming the layers it does."""
+    from switchsd.core.probe import Probe
+    target = _target()
+    target.model.aux_hidden_state_layers = (2, 15, 27)
+    gate = Gate(Probe(torch.tensor([1.0, 0.0]), layer=14, sublayer="mlp", tau=0.5), target, max_tokens=8)
+    feats = torch.zeros(3, 6)                        # [T, 3 x d]: blocks for layers 1, 14, 26
+    feats[0, 0], feats[1, 2], feats[2, 4] = 5.0, 5.0, -5.0
+    assert [round(x, 2) for x in gate.scores(torch.tensor([0, 1, 2]), feats)] == [0.5, 0.99, 0.5]
+    assert not any(n.post_attention_layernorm._forward_hooks for n in target.model.layers)
+    odd = Gate(Probe(torch.tensor([1.0, 0.0]), layer=19, sublayer="mlp", tau=0.5), target, max_tokens=8)
+    with pytest.raises(GateError, match=r"outputs of layers \[1, 14, 26\]"):
+        odd.scores(torch.tensor([0]), feats)
 
 
 def test_committed_sequences_include_the_step_s_accepted_drafts_and_next_token():

@@ -66,7 +66,7 @@ def main(argv=None) -> None:
     for name in ["none"] + [m for m in a.methods.split(",") if m]:
         spec = specs[name]
         llm = LLM(model=a.model, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
-                  speculative_config=spec, gpu_memory_utilization=0.25)      # on a CPU: a share of the RAM
+                  speculative_config=spec, gpu_memory_utilization=0.1)       # on a CPU: a share of the RAM
         tok = llm.get_tokenizer()
         prompts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
                    for p in PROMPTS]

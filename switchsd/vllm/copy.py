@@ -10,12 +10,33 @@ Imports numpy only, so it loads in vLLM's own environment.
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Sequence
 
 import numpy as np
 
 KAPPA = 3             # the cost gate's kappa-gram (switchsd.core.config.GateConfig.kappa)
+LOGGER = "vllm.switchsd"    # under vLLM's logger, whose handlers print INFO (a logger outside "vllm." stays silent)
+COUNTS_ENV = "SWITCHSD_VLLM_COUNTS"     # a file that holds a proposer's running counts as JSON (benchmarks read it)
+
+
+def write_counts(counts: dict) -> None:
+    """The running counts to $SWITCHSD_VLLM_COUNTS (replaced whole, so a reader never sees half a file)."""
+    global _counts_failed
+    path = os.environ.get(COUNTS_ENV)
+    if path and not _counts_failed:
+        try:
+            with open(path + ".tmp", "w") as f:
+                json.dump(counts, f)
+            os.replace(path + ".tmp", path)
+        except OSError as e:                  # serving goes on; the counts stay in the log
+            _counts_failed = True
+            from vllm.logger import init_logger
+            init_logger(LOGGER).warning("%s=%s cannot be written (%s): counts only in the log", COUNTS_ENV, path, e)
+
+
+_counts_failed = False
 
 
 def copy_chain(context: np.ndarray, kappa: int, k: int) -> list[int]:
@@ -72,12 +93,13 @@ class CopyProposer:
         self.calls += 1
         if self.calls % self.LOG_EVERY == 0:
             _log(self.counts)
+        write_counts(self.counts)
         return out
 
 
 def _log(counts: dict) -> None:
     from vllm.logger import init_logger
     s = max(1, counts["steps"])
-    init_logger(__name__).info("SwitchSD copy proposer: %d request-steps, copy %.1f%%, none %.1f%%, "
+    init_logger(LOGGER).info("SwitchSD copy proposer: %d request-steps, copy %.1f%%, none %.1f%%, "
                                "%.2f tokens per copy draft", counts["steps"], 100 * counts["copy"] / s,
                                100 * counts["none"] / s, counts["drafted_tokens"] / max(1, counts["copy"]))

@@ -1,0 +1,128 @@
+"""Tables from `scripts/vllm_bench.sh`'s results: per set, every method at each concurrency: output tok/s (and x
+`none` at that concurrency), TPOT and TTFT p50 / p90, vLLM's acceptance length, requests whose text equals `none`'s,
+and for the proposers of this project their per-path counts over that run.
+
+    python scripts/vllm_report.py runs/vllm [--markdown OUT.md]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+ORDER = ("none", "ngram", "suffix", "eagle3", "copy", "switchsd")
+
+
+def load(run: Path) -> dict:
+    """{(method, set, concurrency): result dict}, with 'counts' (the proposer's counts over that run) when kept."""
+    out = {}
+    for f in sorted(run.glob("*/*-c*.json")):
+        m = re.fullmatch(r"(.+)-c(\d+)\.json", f.name)
+        if not m:
+            continue
+        r = json.loads(f.read_text())
+        before, after = (f.with_name(f"{m[1]}-c{m[2]}.counts-{w}.json") for w in ("before", "after"))
+        if after.exists():
+            a = json.loads(after.read_text())
+            b = json.loads(before.read_text()) if before.exists() else {}
+            r["counts"] = delta(a, b)
+        out[(f.parent.name, m[1], int(m[2]))] = r
+    return out
+
+
+def delta(a: dict, b: dict) -> dict:
+    return {k: delta(v, b.get(k, {})) if isinstance(v, dict) else v - b.get(k, 0) for k, v in a.items()}
+
+
+def paths(c: dict | None, acceptance_length: float | None = None) -> str:
+    """The proposer's per-path counts over one run. The gate's per-path MAL is shown only where it agrees with
+    vLLM's own count (1 + share-weighted MAL within 5% of vLLM's acceptance length)."""
+    if not c:
+        return ""
+    s = max(1, c["steps"])
+    if "neural" in c:                # the SwitchSD gate
+        mal = {p: c["accepted"][p] / max(1, c["verified"][p]) for p in ("copy", "neural")}
+        implied = 1 + sum(c[p] / s * mal[p] for p in ("copy", "neural"))
+        share = 100 * c["gate_s"] / max(1e-9, c["period_s"])
+        ok = acceptance_length is not None and abs(implied - acceptance_length) <= 0.05 * acceptance_length
+        m = {p: f" (MAL {mal[p]:.2f})" if ok else "" for p in mal}
+        note = "" if ok else f" (per-path MAL withheld: it implies {implied:.2f} tokens per step, vLLM counts " \
+                             f"{acceptance_length or 0:.2f})"
+        return (f"copy {100 * c['copy'] / s:.0f}%{m['copy']}, neural {100 * c['neural'] / s:.0f}%{m['neural']}; "
+                f"gate {share:.1f}% of step time{note}")
+    return f"copy {100 * c['copy'] / s:.0f}% of steps, {c['drafted_tokens'] / max(1, c['copy']):.1f} tokens a draft"
+
+
+def same(r: dict, base: dict | None) -> str:
+    if base is None or "generated_texts" not in r:
+        return "-"
+    u, v = r["generated_texts"], base["generated_texts"]
+    return f"{sum(x == y for x, y in zip(u, v))}/{len(v)}"
+
+
+def table(res: dict, ds: str) -> str:
+    concs = sorted({c for (_, d, c) in res if d == ds})
+    lines = [f"### {ds}", "", "| method | concurrency | output tok/s | x none | TPOT p50 / p90 ms | TTFT p50 / p90 ms "
+             "| acceptance length | same text as none | paths |", "|---|---|---|---|---|---|---|---|---|"]
+    methods = sorted({m for (m, d, _) in res if d == ds}, key=lambda m: ORDER.index(m) if m in ORDER else 99)
+    for c in concs:
+        base = res.get(("none", ds, c))
+        for m in methods:
+            r = res.get((m, ds, c))
+            if r is None:
+                continue
+            x = f"{r['output_throughput'] / base['output_throughput']:.2f}x" if base else "-"
+            acc = r.get("spec_decode_acceptance_length")
+            lines.append(f"| {m} | {c} | {r['output_throughput']:.1f} | {x} | {r['median_tpot_ms']:.1f} / "
+                         f"{r.get('p90_tpot_ms', float('nan')):.1f} | {r['median_ttft_ms']:.0f} / "
+                         f"{r.get('p90_ttft_ms', float('nan')):.0f} | {f'{acc:.2f}' if acc else '-'} | "
+                         f"{same(r, base)} | {paths(r.get('counts'), acc)} |")
+    return "\n".join(lines)
+
+
+SETS = ("humaneval", "math500", "cnndm", "mtbench")
+
+
+def summary(res: dict) -> str:
+    """One row per method: output tok/s and x none per set and concurrency; requests whose text equals none's."""
+    sets = sorted({d for (_, d, _) in res}, key=lambda d: SETS.index(d) if d in SETS else 99)
+    concs = sorted({c for (_, _, c) in res})
+    cols = [(d, c) for d in sets for c in concs]
+    methods = sorted({m for (m, _, _) in res}, key=lambda m: ORDER.index(m) if m in ORDER else 99)
+    lines = ["| method | " + " | ".join(f"{d} c{c}" for d, c in cols) + " | same text as none |",
+             "|---|" + "---|" * (len(cols) + 1)]
+    for m in methods:
+        cells, same_n, total = [], 0, 0
+        for d, c in cols:
+            r, base = res.get((m, d, c)), res.get(("none", d, c))
+            if r is None:
+                cells.append("-")
+                continue
+            x = f" ({r['output_throughput'] / base['output_throughput']:.2f}x)" if base and m != "none" else ""
+            cells.append(f"{r['output_throughput']:.1f}{x}")
+            if base and "generated_texts" in r:
+                same_n += sum(u == v for u, v in zip(r["generated_texts"], base["generated_texts"]))
+                total += len(base["generated_texts"])
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {same_n}/{total} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", type=Path)
+    ap.add_argument("--markdown", type=Path)
+    a = ap.parse_args(argv)
+    res = load(a.run)
+    if not res:
+        raise SystemExit(f"error: no results under {a.run} (scripts/vllm_bench.sh writes them)")
+    sets = sorted({d for (_, d, _) in res}, key=lambda d: SETS.index(d) if d in SETS else 99)
+    text = ("Output tok/s (x none at the same concurrency):\n\n" + summary(res) + "\n\n"
+            + "\n\n".join(table(res, ds) for ds in sets) + "\n")
+    print(text)
+    if a.markdown:
+        a.markdown.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
