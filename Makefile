@@ -56,13 +56,13 @@ vllm: setup          ## vLLM's own environment with the SwitchSD plugin (.venv-v
 # EAGLE-3 with the shipped head behind the probe gate) or copy (the copy drafter alone, VLLM_K tokens)
 VLLM_METHOD ?= switchsd
 VLLM_K ?= 5
-VLLM_SPEC_switchsd = {"method": "eagle3", "model": "assets/eagle3-smollm2-135m", "num_speculative_tokens": 3}
+VLLM_SPEC_switchsd = {"method": "eagle3", "model": "assets/eagle3-smollm2-135m", "num_speculative_tokens": $(VLLM_K)}
 VLLM_SPEC_copy = {"method": "custom_class", "model": "switchsd.vllm.copy.CopyProposer", "num_speculative_tokens": $(VLLM_K)}
 vllm-serve: vllm
 	@test -n '$(VLLM_SPEC_$(VLLM_METHOD))' || { echo "VLLM_METHOD must be switchsd or copy" >&2; exit 2; }
 	SWITCHSD_VLLM_GATE=$(if $(filter switchsd,$(VLLM_METHOD)),probes/smollm2-135m-instruct.safetensors) \
 	LD_PRELOAD="$$(ls $(CURDIR)/.venv-vllm/lib/libiomp5.so 2>/dev/null)" .venv-vllm/bin/python -m switchsd.vllm.cli serve \
-	  "$$(.venv/bin/python -c 'from switchsd.models.loading import _default_model_folder as f; print(f())')" \
+	  "$$(.venv/bin/python -c 'from switchsd.models.loading import default_model_folder as f; print(f())')" \
 	  --host 127.0.0.1 --port 8000 --dtype float32 --max-model-len 4096 --gpu-memory-utilization 0.3 \
 	  --speculative-config '$(VLLM_SPEC_$(VLLM_METHOD))'
 

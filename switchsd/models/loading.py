@@ -170,7 +170,7 @@ def gguf_path(name: str | None) -> Path:
     return gguf_folder() / GGUF_FILE if name in (None, DEFAULT_MODEL) else Path(str(name)).expanduser()
 
 
-def _default_model_folder() -> Path:
+def default_model_folder() -> Path:
     """A safetensors copy of the de-quantised GGUF, made once."""
     out = cache_dir() / "smollm2-135m-instruct"
     if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
@@ -217,7 +217,7 @@ def load_model(name: str | None = None, dtype: str | torch.dtype | None = "auto"
         dtype = auto_format(device, int4_ok=gguf is not None and not device_map)
     torch_dtype = resolve_dtype(dtype, device)
     int4 = isinstance(dtype, str) and dtype in GGUF_FORMATS
-    source = _default_model_folder() if name == DEFAULT_MODEL else name
+    source = default_model_folder() if name == DEFAULT_MODEL else name
     if int4 and (gguf is None or device != "cpu" or device_map):
         raise ModelLoadError(f"--dtype {dtype} runs a model's own 4-bit GGUF groups on CPU: pass the offline default "
                              "or a .gguf file (Q4_0 / Q4_1), on --device cpu")

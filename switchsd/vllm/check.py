@@ -61,7 +61,7 @@ def main(argv=None) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
     specs = {"none": None,
              "copy": {"method": "custom_class", "model": "switchsd.vllm.copy.CopyProposer", "num_speculative_tokens": a.k},
-             "switchsd": {"method": "eagle3", "model": a.head, "num_speculative_tokens": 3}}
+             "switchsd": {"method": "eagle3", "model": a.head, "num_speculative_tokens": a.k}}
     outs = {}
     for name in ["none"] + [m for m in a.methods.split(",") if m]:
         spec = specs[name]

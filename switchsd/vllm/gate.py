@@ -1,21 +1,26 @@
 """SwitchSD in vLLM: vLLM's own EAGLE-3 proposer with SwitchSD's gate in front of it, per request and step.
 
     SWITCHSD_VLLM_GATE=probes/smollm2-135m-instruct.safetensors vllm serve MODEL \
-        --speculative-config '{"method": "eagle3", "model": "assets/eagle3-smollm2-135m", "num_speculative_tokens": 3}'
+        --speculative-config '{"method": "eagle3", "model": "assets/eagle3-smollm2-135m", "num_speculative_tokens": 5}'
 
-With the variable set, the plugin (`switchsd.vllm.register`) wraps two methods of vLLM's `EagleProposer`:
+`num_speculative_tokens` caps the copy chains; EAGLE-3 drafts SWITCHSD_NEURAL_K tokens (3). With the variable set,
+the plugin (`switchsd.vllm.register`) wraps two methods of vLLM's `EagleProposer`:
 - `load_model(target)`: loads the probe for one of two sites. Layer l's output ("mlp" probe, l + 1 among the
   layers EAGLE-3 captures: by default 2, L/2, L - 3) is read from the features vLLM already hands EAGLE-3, so it
   holds under CUDA graphs and torch.compile; layer l's residual stream after attention ("attn", the shipped probe)
   needs a forward hook (the second output of `layers[l].post_attention_layernorm`, vLLM's fused add-and-norm) that
   writes w . h for every token of each target forward into one persistent buffer: eager mode only;
-- `propose(...)`: EAGLE-3 drafts every request as vLLM would; then a request whose last verified token scores
-  probe >= tau AND whose last kappa tokens occurred earlier in its context (`copy.copy_chain`) takes the copy chain
-  instead, written over its EAGLE-3 draft (the copy's tokens, then EAGLE-3's where the copy is shorter).
+- `propose(...)`: first the gate (`Gate.plan`): a request whose last verified token scores probe >= tau AND whose
+  last kappa tokens occurred earlier in its context (`copy.copy_chain`) takes the copy chain; the others take
+  EAGLE-3's draft, which runs only for them (when every request copies, EAGLE-3 runs its first pass alone, k = 0,
+  to keep its KV cache in step). Above SWITCHSD_NEURAL_MAX_BATCH running requests (1: on this CPU EAGLE-3 loses
+  from 4 requests on) EAGLE-3 does not run and a request copies wherever a match exists. The drafts go back to vLLM
+  as one list per request, of different lengths, as vLLM's n-gram drafts do.
 vLLM's rejection sampler is untouched, and the drafts are point masses (EAGLE-3's greedy draft sampling, which
-the gate requires), so every output is what vLLM samples without speculation. Per-path counts (copy / neural,
-tokens drafted, the probe and gate's share of the step time) are logged every LOG_EVERY steps beside vLLM's own
-acceptance metrics. Checked on vLLM's CPU build in eager mode; CUDA is not verified here.
+the gate requires), so every output is what vLLM samples without speculation. Per-path counts (copy / neural /
+none, tokens drafted, accepted per verified draft, read from the target forward's own rows, the probe and gate's
+share of the step time) are logged every LOG_EVERY steps beside vLLM's own acceptance metrics. Checked on vLLM's
+CPU build in eager mode; CUDA is not verified here.
 """
 from __future__ import annotations
 
@@ -30,6 +35,8 @@ from .copy import KAPPA, LOGGER, copy_chain, write_counts
 
 ENV = "SWITCHSD_VLLM_GATE"
 LOG_EVERY = 200
+NEURAL_K = 3            # EAGLE-3's draft length; the server's num_speculative_tokens caps the copy chains
+NEURAL_MAX_BATCH = 1    # above this many running requests EAGLE-3 does not run (docs/scaling.md: measured on CPU)
 
 
 class GateError(ValueError):
@@ -50,20 +57,23 @@ def load_gate_probe(path: str, hidden_size: int, num_layers: int):
 
 
 class Gate:
-    """The probe's per-token logits (filled by a hook during each target forward) and the per-request choice."""
+    """The probe's per-token logits and each request's path for its next draft, with per-path counts."""
     _last: "Gate | None" = None              # the latest gate in this process (its counts: last_counts)
 
-    def __init__(self, probe, target, max_tokens: int, kappa: int = KAPPA):
+    def __init__(self, probe, target, max_tokens: int, kappa: int = KAPPA, neural_k: int = NEURAL_K,
+                 neural_max_batch: int = NEURAL_MAX_BATCH):
         self.w = probe.weight.float()
         self.tau, self.kappa, self.layer = float(probe.tau), kappa, probe.layer
+        self.neural_k, self.neural_max_batch = neural_k, neural_max_batch
         self.target = target
         self.logits = torch.zeros(max_tokens)                  # [tokens of the last target forward]
         self.aux: int | None = None                            # EAGLE-3 feature block the probe reads (mlp site)
-        self.counts = {"steps": 0, "copy": 0, "neural": 0, "copy_tokens": 0,
+        self.counts = {"steps": 0, "copy": 0, "neural": 0, "none": 0, "copy_tokens": 0,
+                       "eagle_steps": 0, "eagle_skipped": 0,   # engine steps with / without EAGLE-3's forward
                        "accepted": {"copy": 0, "neural": 0}, "verified": {"copy": 0, "neural": 0},
                        "gate_s": 0.0, "period_s": 0.0}   # the probe and gate's time; engine steps' time (< 1 s apart)
         self.last_call = None
-        self.previous: dict[str, tuple[str, int]] = {}        # request id -> (its last draft's path, tokens then)
+        self.previous: dict[str, tuple[str, int]] = {}   # request id -> (its last draft's path, tokens drafted)
         self.calls = 0
         Gate._last = self
         self.sublayer = probe.sublayer
@@ -92,8 +102,7 @@ class Gate:
         if cls._last is None:
             return None
         c = cls._last.counts
-        mal = {p: c["accepted"][p] / max(1, c["verified"][p]) for p in ("copy", "neural")}
-        return {**c, "mal": mal}
+        return {**c, "mal": mean_accepted(c)}
 
     def _read(self, module, args, output) -> None:
         t = time.perf_counter()
@@ -104,46 +113,79 @@ class Gate:
         self.logits[:n].copy_(residual.float() @ self.w.to(residual.device))
         self.counts["gate_s"] += time.perf_counter() - t
 
-    def apply(self, drafts: torch.Tensor, scores: list[float], seqs: list[np.ndarray],
-              req_ids: list[str], live: list[bool] | None = None) -> torch.Tensor:
-        """drafts [B, k] (EAGLE-3's); scores: each request's probe probability (`scores`); seqs: each request's
-        committed tokens, this step's included (`committed`); live: False for a request still reading its prompt
-        in chunks (vLLM discards its draft; neither drafted nor counted). Also credits each request's previous
-        draft with the tokens it committed since (accepted = committed - 1)."""
+    def plan(self, scores: list[float], seqs: list[np.ndarray], req_ids: list[str], k: int,
+             live: list[bool] | None = None, rows: list[int] | None = None,
+             accepted: list[int] | None = None) -> tuple[list[list[int] | None], int | None]:
+        """Each request's next draft: its copy chain (<= k tokens), None (EAGLE-3's draft) or [] (no draft), and
+        how many tokens EAGLE-3 drafts this step (0: its first pass only; None: it does not run).
+
+        scores: each request's probe probability (`scores`); seqs: its committed tokens, this step's included
+        (`committed`); live: False for a request still reading its prompt in chunks (vLLM discards its draft).
+        A request copies when the probe fires AND its last kappa tokens occurred before. With more than
+        `neural_max_batch` live requests, EAGLE-3 does not run: a request copies wherever a match exists (the copy
+        drafter's rule) and drafts nothing otherwise. rows / accepted: each request's rows in this step's target
+        forward and how many of its drafts were accepted; they credit the request's previous draft to its path."""
         t = time.perf_counter()
         if self.last_call is not None and t - self.last_call < 1.0:
             self.counts["period_s"] += t - self.last_call
         self.last_call = t
-        k = drafts.shape[1]
-        out = None
+        live = live if live is not None else [True] * len(scores)
+        neural_on = sum(live) <= self.neural_max_batch
+        out: list[list[int] | None] = []
         for i, s in enumerate(scores):
-            if live is not None and not live[i]:
-                self.previous.pop(req_ids[i], None)
+            before = self.previous.pop(req_ids[i], None)
+            if not live[i]:
+                out.append([])
                 continue
-            n = len(seqs[i])
-            before = self.previous.get(req_ids[i])
-            if before is not None and n > before[1]:
-                self.counts["verified"][before[0]] += 1
-                self.counts["accepted"][before[0]] += n - before[1] - 1
-            chain = copy_chain(seqs[i], self.kappa, k) if s >= self.tau else []
-            self.previous[req_ids[i]] = ("copy" if chain else "neural", n)
+            if before is not None and rows is not None and accepted is not None and 1 <= rows[i] - 1 <= before[1]:
+                self.counts["verified"][before[0]] += 1          # rows[i] - 1 of its drafts were verified
+                self.counts["accepted"][before[0]] += accepted[i]
+            chain = copy_chain(seqs[i], self.kappa, k) if s >= self.tau or not neural_on else []
+            path = "copy" if chain else "neural" if neural_on else "none"
             self.counts["steps"] += 1
+            self.counts[path] += 1
             if chain:
-                out = drafts.clone() if out is None else out
-                out[i, :len(chain)] = torch.tensor(chain, dtype=drafts.dtype)
-                self.counts["copy"] += 1
                 self.counts["copy_tokens"] += len(chain)
-            else:
-                self.counts["neural"] += 1
+                self.previous[req_ids[i]] = ("copy", len(chain))
+            elif neural_on:
+                self.previous[req_ids[i]] = ("neural", min(self.neural_k, k))
+            out.append(chain if chain or not neural_on else None)
         self.calls += 1
         if len(self.previous) > 4 * len(req_ids) + 64:          # finished requests: forget them
-            live = set(req_ids)
-            self.previous = {r: v for r, v in self.previous.items() if r in live}
+            self.previous = {r: v for r, v in self.previous.items() if r in set(req_ids)}
         if self.calls % LOG_EVERY == 0:
             log(self.counts)
+        # EAGLE-3 drafts when a request takes its path; when every request copies it still runs its first pass
+        # (k = 0, as vLLM's dynamic SD does) so that its own KV cache holds these positions for later drafts
+        eagle_k = None if not neural_on or not any(live) else min(self.neural_k, k) if None in out else 0
+        self.counts["eagle_skipped" if eagle_k is None else "eagle_steps"] += 1
         self.counts["gate_s"] += time.perf_counter() - t
+        return out, eagle_k
+
+    def merge(self, plan: list[list[int] | None], eagle: torch.Tensor | None) -> list[list[int]]:
+        """The drafts vLLM verifies: each copy chain, EAGLE-3's row (eagle [B, k]) where the plan says None."""
+        rows = eagle.tolist() if eagle is not None else None
+        drafts = [p if p is not None else rows[i] for i, p in enumerate(plan)]
         write_counts(self.counts)
-        return drafts if out is None else out
+        return drafts
+
+
+def mean_accepted(c: dict) -> dict[str, float]:
+    """Per path: mean tokens accepted per verified draft."""
+    return {p: c["accepted"][p] / max(1, c["verified"][p]) for p in ("copy", "neural")}
+
+
+def env_int(name: str, default: int) -> int:
+    v = os.environ.get(name)
+    if v is None:
+        return default
+    try:
+        n = int(v)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise GateError(f"{name}={v!r}: expected a whole number >= 0")
+    return n
 
 
 def aux_layers(target) -> tuple[int, ...]:
@@ -180,12 +222,13 @@ def committed(token_ids: np.ndarray, first: np.ndarray, last: np.ndarray, forwar
 
 def log(counts: dict) -> None:
     from vllm.logger import init_logger
-    s, acc, ver = max(1, counts["steps"]), counts["accepted"], counts["verified"]
+    s, mal = max(1, counts["steps"]), mean_accepted(counts)
     init_logger(LOGGER).info(
-        "SwitchSD gate: %d request-steps; copy %.1f%% (%.2f tokens drafted, %.2f accepted per step); "
-        "neural %.1f%% (%.2f accepted per step); probe and gate %.1f%% of the step time", counts["steps"],
-        100 * counts["copy"] / s, counts["copy_tokens"] / max(1, counts["copy"]), acc["copy"] / max(1, ver["copy"]),
-        100 * counts["neural"] / s, acc["neural"] / max(1, ver["neural"]),
+        "SwitchSD gate: %d request-steps; copy %.1f%% (%.2f tokens drafted, %.2f accepted per draft); "
+        "neural %.1f%% (%.2f accepted per draft); none %.1f%%; EAGLE-3 skipped on %d of %d steps; "
+        "probe and gate %.1f%% of the step time", counts["steps"], 100 * counts["copy"] / s,
+        counts["copy_tokens"] / max(1, counts["copy"]), mal["copy"], 100 * counts["neural"] / s, mal["neural"],
+        100 * counts["none"] / s, counts["eagle_skipped"], counts["eagle_steps"] + counts["eagle_skipped"],
         100 * counts["gate_s"] / max(1e-9, counts["period_s"]))
 
 
@@ -213,33 +256,44 @@ def install(probe_path: str) -> None:
         hf = self.vllm_config.model_config.hf_config
         probe = load_gate_probe(probe_path, int(hf.hidden_size), int(hf.num_hidden_layers))
         self._switchsd_gate = Gate(probe, target_model, self.vllm_config.scheduler_config.max_num_batched_tokens,
-                                   int(os.environ.get("SWITCHSD_KAPPA", KAPPA)))
+                                   env_int("SWITCHSD_KAPPA", KAPPA), env_int("SWITCHSD_NEURAL_K", NEURAL_K),
+                                   env_int("SWITCHSD_NEURAL_MAX_BATCH", NEURAL_MAX_BATCH))
 
     def gated_propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                       next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
                       *args, **kwargs):
-        drafts = propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
-                         next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
-                         *args, **kwargs)
         gate = getattr(self, "_switchsd_gate", None)
-        if gate is None or drafts.numel() == 0:
-            return drafts
+        if gate is None or num_speculative_tokens == 0:
+            return propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                           next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
+                           *args, **kwargs)
         t = time.perf_counter()
-        first = common_attn_metadata.query_start_loc[:-1]
+        start = common_attn_metadata.query_start_loc.cpu()
+        first = start[:-1]
         last = token_indices_to_sample
         if last is None:                  # vLLM's own rule: the last scheduled token, less the rejected drafts
-            last = common_attn_metadata.query_start_loc[1:] - 1
+            last = start[1:] - 1
             rejected = kwargs.get("num_rejected_tokens_gpu", args[1] if len(args) > 1 else None)
             if rejected is not None:
-                last = last - rejected
+                last = last - rejected.cpu()
+        last = last.cpu()
         batch = self._switchsd_runner.input_batch
         positions = target_positions[0] if target_positions.dim() == 2 else target_positions    # M-RoPE: [3, T]
-        seqs = committed(batch.token_ids_cpu, first.cpu().numpy(), last.cpu().numpy(), target_token_ids.cpu().numpy(),
+        seqs = committed(batch.token_ids_cpu, first.numpy(), last.numpy(), target_token_ids.cpu().numpy(),
                          positions.cpu().numpy(), next_token_ids.cpu().numpy())
         # a request whose forward ended before its prompt's end is reading its prompt in chunks
         live = [len(q) - 1 >= int(p) for q, p in zip(seqs, batch.num_prompt_tokens[:len(seqs)])]
+        rows, accepted = (start[1:] - first).tolist(), (last - first).tolist()
         gate.counts["gate_s"] += time.perf_counter() - t
-        return gate.apply(drafts, gate.scores(last, target_hidden_states), seqs, batch.req_ids, live)
+        plan, eagle_k = gate.plan(gate.scores(last, target_hidden_states), seqs, batch.req_ids,
+                                  num_speculative_tokens, live, rows, accepted)
+        drafts = None
+        if eagle_k is not None:
+            drafts = propose(self, eagle_k, target_token_ids, target_positions, target_hidden_states, next_token_ids,
+                             token_indices_to_sample, common_attn_metadata, sampling_metadata, *args, **kwargs)
+        else:
+            self._last_draft_probs = None         # nothing drafted: no stale probabilities for the runner
+        return gate.merge(plan, drafts)
 
     for wrapper, original in ((gated_init, init), (gated_load_model, load_model), (gated_propose, propose)):
         functools.update_wrapper(wrapper, original)            # signatures read through (`check_internals`)
