@@ -34,7 +34,9 @@ def load(run: Path) -> dict:
 
 
 def delta(a: dict, b: dict) -> dict:
-    return {k: delta(v, b.get(k, {})) if isinstance(v, dict) else v - b.get(k, 0) for k, v in a.items()}
+    """The counts of one run: the counts after it less those before (the gate's cost model, "costs": as after)."""
+    return {k: v if k == "costs" else delta(v, b.get(k, {})) if isinstance(v, dict) else v - b.get(k, 0)
+            for k, v in a.items()}
 
 
 def paths(c: dict | None, acceptance_length: float | None = None) -> str:
@@ -50,7 +52,9 @@ def paths(c: dict | None, acceptance_length: float | None = None) -> str:
         note = f" (gate counts {own:.2f} tokens per draft)" if acceptance_length and \
             abs(own - acceptance_length) > 0.02 * acceptance_length else ""
         none = f", none {100 * c.get('none', 0) / s:.0f}%" if c.get("none") else ""
-        return (f"copy {100 * c['copy'] / s:.0f}% (MAL {mal['copy']:.2f}), neural {100 * c['neural'] / s:.0f}% "
+        memory = f", {100 * c['copy_memory'] / max(1, c['copy']):.0f}% of them from other requests" \
+            if c.get("copy_memory") else ""
+        return (f"copy {100 * c['copy'] / s:.0f}% (MAL {mal['copy']:.2f}{memory}), neural {100 * c['neural'] / s:.0f}% "
                 f"(MAL {mal['neural']:.2f}){none}; gate {share:.1f}% of step time{note}")
     return f"copy {100 * c['copy'] / s:.0f}% of steps, {c['drafted_tokens'] / max(1, c['copy']):.1f} tokens a draft"
 

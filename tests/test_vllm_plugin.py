@@ -19,7 +19,8 @@ from switchsd.core.config import CopyConfig
 from switchsd.core.drafting import DraftRequest
 from switchsd.drafters.copy import CopyDrafter
 from switchsd.vllm import VllmVersionError, check_internals, register
-from switchsd.vllm.copy import CopyProposer, copy_chain
+from switchsd.vllm.copy import CopyCounts, CopyProposer, copy_chain
+from switchsd.vllm.costs import PathCosts
 from switchsd.vllm.gate import Gate, GateError, committed, load_gate_probe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +82,7 @@ def test_gate_copies_where_the_probe_fires_and_a_match_exists_else_keeps_eagle3(
     from switchsd.core.probe import Probe
     probe = Probe(torch.tensor([1.0, 0.0, 0.0, 0.0]), layer=1, sublayer="attn", tau=0.5)
     target = _target()
-    gate = Gate(probe, target, max_tokens=8, kappa=2, neural_max_batch=8)
+    gate = Gate(probe, target, max_tokens=8, kappa=2, neural_max_batch=8, rule="probe", backoff=False)
     x = torch.zeros(5, 4)
     x[1, 0], x[4, 0] = 3.0, -3.0                     # token 1 scores ~0.95, token 4 ~0.05
     target.model.layers[1].post_attention_layernorm(x, torch.zeros(5, 4))        # the target forward
@@ -101,9 +102,9 @@ def test_gate_copies_where_the_probe_fires_and_a_match_exists_else_keeps_eagle3(
     assert gate.counts["accepted"] == {"copy": 2, "neural": 1}
     assert gate.counts["verified"] == {"copy": 1, "neural": 1}        # c's draft was not scheduled (1 row)
     assert plan[0] is None                                             # "8 0" never occurred before
-    # every request copies: EAGLE-3 runs its first pass only (k = 0), to keep its KV cache in step
+    # every request copies: EAGLE-3 does not run
     plan, eagle_k = gate.plan([0.95, 0.95], [np.array([5, 6, 7, 8, 9, 5, 6])] * 2, ["a", "b"], k=2)
-    assert plan == [[7, 8], [7, 8]] and eagle_k == 0
+    assert plan == [[7, 8], [7, 8]] and eagle_k is None
     # a request reading its prompt in chunks (live False) is neither drafted for nor credited: its chunk's
     # tokens are not accepted drafts
     steps = gate.counts["steps"]
@@ -117,7 +118,7 @@ def test_above_neural_max_batch_eagle3_does_not_run_and_requests_copy_where_a_ma
     no draft otherwise, and EAGLE-3's forward skipped."""
     from switchsd.core.probe import Probe
     gate = Gate(Probe(torch.tensor([1.0, 0.0]), layer=1, sublayer="attn", tau=0.5), _target(), max_tokens=8,
-                kappa=2, neural_max_batch=1)
+                kappa=2, neural_max_batch=1, rule="probe", backoff=False)
     seqs = [np.array([5, 6, 7, 8, 9, 5, 6]), np.array([1, 2, 3, 4])]
     plan, eagle_k = gate.plan([0.05, 0.95], seqs, ["a", "b"], k=4)
     assert plan == [[7, 8, 9, 5], []] and eagle_k is None
@@ -125,6 +126,68 @@ def test_above_neural_max_batch_eagle3_does_not_run_and_requests_copy_where_a_ma
     assert gate.merge(plan, None) == [[7, 8, 9, 5], []]
     plan, eagle_k = gate.plan([0.05], seqs[:1], ["a"], k=4)          # one request: the probe decides again
     assert plan == [None] and eagle_k == 3
+
+
+def test_copy_counts_draft_from_the_longest_context_seen_before_own_or_shared():
+    c = CopyCounts(max_n=4, min_prob=0.4, max_requests=2)
+    c.add("a", np.array([1, 2, 3, 7, 8, 9, 4]), prompt_len=3)          # a's output: 7 8 9 4
+    assert c.chain("b", np.array([5, 2, 3, 7, 8]), 5) == ([9, 4], 4)   # "2 3 7 8" in the shared outputs
+    assert c.chain("b", np.array([5, 8]), 5) == ([9], 1)               # a 1-token match drafts 1 token
+    assert c.chain("b", np.array([5, 1, 2]), 5) == ([], 0)             # "1 2" is a's prompt: not shared
+    assert c.chain("a", np.array([5, 1, 2]), 5) == ([3, 7], 2)         # ... but a's own
+    c.add("b", np.array([0, 8, 5, 8, 6]), prompt_len=1)                # shared "8" -> 9, 5, 6 (1/3 each)
+    assert c.chain("c", np.array([3, 8]), 3) == ([], 0)                # 1/3 < min_prob: no draft
+    assert c.chain("b", np.array([0, 8]), 3) == ([5, 8], 2)            # b's own "0 8" -> 5 -> "8 5" -> 8
+    assert c.chain("c", np.array([7, 8]), 3) == ([9, 4], 2)            # the longer context decides
+    c.add("b", np.array([0, 8, 5, 8, 6, 8, 6]), prompt_len=1)          # b grew: its "8 6" -> 8 counted once
+    assert c.own["b"][np.array([8, 6], dtype=np.int64).tobytes()] == {8: 1}
+    c.add("c", np.array([1]), prompt_len=1)                            # a third request: a's own table goes
+    assert "a" not in c.own and c.chain("c", np.array([7, 8]), 2) == ([9, 4], 2)    # the shared counts stay
+
+
+def test_the_cost_rule_drafts_what_is_expected_to_emit_the_most_tokens_per_second():
+    from switchsd.core.probe import Probe
+    probe = Probe(torch.tensor([1.0, 0.0]), layer=1, sublayer="attn", tau=0.5)
+    gate = Gate(probe, _target(), max_tokens=8, kappa=2, neural_max_batch=8, rule="cost")
+    gate.plan([0.05], [np.array([1, 2, 3, 7, 8, 9, 4])], ["a"], k=3, prompt_lens=[3])     # counts a's output
+    b = np.array([5, 6, 8])                        # "6 8" never seen; the shared counts continue "8" with 9 4
+    costs = gate.costs
+    costs.time = {(False, 1): [0.076, 1], (False, 2): [0.080, 1], (True, 4): [0.095, 1]}   # step seconds by rows
+
+    def plan(name):            # a new request id each time: no step time is measured between the calls
+        return gate.plan([0.05], [b], [name], k=3, prompt_lens=[2])
+    assert plan("b1") == ([None], 3)               # priors: EAGLE-3's 3 x 0.4 over a 1-token chain's 0.6
+    assert gate.counts["copy_backoff"] == 1
+    for _ in range(10):
+        costs.credit("copy:low:1", 1, 1)           # 1-token chains after a 1-token match: always accepted
+    assert plan("b2") == ([[9]], None)             # (1 + 0.93) / 80 ms > (1 + 1.2) / 95 ms
+    for _ in range(10):
+        costs.credit("neural", 3, 3)
+    assert plan("b3") == ([None], 3)               # EAGLE-3 accepts 0.9 a position: (1 + 2.7) / 95 ms
+    costs.time[(True, 4)] = [0.3, 1]               # ... but its steps cost 300 ms
+    assert plan("b4") == ([[9]], None)
+    for _ in range(200):
+        costs.credit("copy:low:1", 1, 0)
+    costs.time[(False, 2)] = [0.090, 1]
+    assert plan("b5") == ([[]], None) and gate.counts["none"] == 1      # nothing pays: no draft
+    assert costs.summary()["step_ms"] == {"copy:1": 76.0, "copy:2": 90.0, "eagle:4": 300.0}
+    probe_rule = Gate(probe, _target(), max_tokens=8, kappa=2, neural_max_batch=8, rule="probe")
+    probe_rule.plan([0.95], [np.array([1, 2, 3, 7, 8, 9, 4])], ["a"], k=3, prompt_lens=[3])
+    assert probe_rule.plan([0.95], [b], ["b"], k=3)[0] == [None]       # the paper's rule: no kappa match, EAGLE-3
+    with pytest.raises(GateError, match="SWITCHSD_RULE='fast'"):
+        Gate(probe, _target(), max_tokens=8, rule="fast")
+
+
+def test_path_costs_measure_step_times_by_kind_and_rows_and_acceptance_by_position():
+    c = PathCosts(max_len=4)
+    c.credit("copy:high:3", 4, 2)                  # 4 verified, the first 2 accepted
+    c.credit("copy:high:3", 2, 2)
+    assert list(c.reach["copy:high:3"][1:]) == [2, 2, 1, 1] and list(c.hit["copy:high:3"][1:]) == [2, 2, 0, 0]
+    assert np.allclose(c.rates("copy:high:3", 4), [(2 + 1.2) / 4, (2 + 1.2) / 4, 1.2 / 3, 1.2 / 3])
+    c.planned(False, 3)
+    c.step(0.08)
+    c.step(5.0)                                    # nothing planned since: not counted
+    assert c.step_time(False, 3) == 0.08 and c.step_time(False, 6) == 0.08 and c.step_time(True, 4) == 0.08
 
 
 def test_an_mlp_probe_reads_its_layer_from_eagle3_s_captured_features():

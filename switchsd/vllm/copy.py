@@ -55,6 +55,81 @@ def copy_chain(context: np.ndarray, kappa: int, k: int) -> list[int]:
     return []
 
 
+class CopyCounts:
+    """Next-token counts after every n-gram (n = 1..max_n): each request's own (prompt and output) and one table
+    shared by the requests' outputs. Where the kappa-gram never occurred before, the copy path drafts from them: the
+    longest context seen before picks the most frequent next token, token by token, while the draft's running
+    probability (the product of each token's share of its counts) stays >= `min_prob`, and a draft is at most as
+    long as the match it starts from; of the own and the shared draft, the one with the higher summed probability
+    (suffix decoding's rule, with n-gram tables in place of suffix trees). A request's own table is dropped past
+    `max_requests` newer ones; the shared table starts afresh past `max_grams` entries."""
+
+    def __init__(self, max_n: int = 6, min_prob: float = 0.1, max_requests: int = 256, max_grams: int = 2_000_000):
+        self.max_n, self.min_prob, self.max_requests, self.max_grams = max_n, min_prob, max_requests, max_grams
+        self.shared: dict[bytes, dict[int, int]] = {}              # n-gram (int64 bytes) -> next token -> count
+        self.own: dict[str, dict[bytes, dict[int, int]]] = {}     # request id -> its own table (oldest first)
+        self.indexed: dict[str, int] = {}                          # request id -> its tokens counted so far
+
+    def add(self, req_id: str, seq: np.ndarray, prompt_len: int) -> None:
+        """seq int [n]: the request's committed tokens; each (n-gram, next token) pair is counted once."""
+        seq = np.asarray(seq, dtype=np.int64)
+        if req_id not in self.own and len(self.own) >= self.max_requests:
+            old = next(iter(self.own))
+            del self.own[old], self.indexed[old]
+        if len(self.shared) > self.max_grams:
+            self.shared = {}
+        own = self.own.setdefault(req_id, {})
+        done = self.indexed.get(req_id, 1)
+        for j in range(done, len(seq)):                            # token j follows the n-grams ending at j - 1
+            t = int(seq[j])
+            for n in range(1, min(self.max_n, j) + 1):
+                key = seq[j - n:j].tobytes()
+                _bump(own, key, t)
+                if j >= prompt_len:
+                    _bump(self.shared, key, t)
+        self.indexed[req_id] = max(done, len(seq))
+
+    def chain(self, req_id: str, seq: np.ndarray, k: int) -> tuple[list[int], int]:
+        """(<= k tokens, the length of the match they start from)."""
+        best: tuple[list[int], int, float] = ([], 0, 0.0)
+        for table in (self.own.get(req_id), self.shared):
+            if table:
+                draft = self._walk(table, seq, k)
+                if draft[2] > best[2]:
+                    best = draft
+        return best[0], best[1]
+
+    def _walk(self, table: dict, seq: np.ndarray, k: int) -> tuple[list[int], int, float]:
+        ctx = [int(t) for t in seq[-self.max_n:]]
+        out: list[int] = []
+        match, prob, score = 0, 1.0, 0.0
+        while len(out) < k:
+            for n in range(min(self.max_n, len(ctx)), 0, -1):      # the longest context seen before
+                c = table.get(np.array(ctx[-n:], dtype=np.int64).tobytes())
+                if c:
+                    break
+            else:
+                break
+            if not out:
+                match, k = n, min(k, n)
+            t, best = max(c.items(), key=lambda kv: kv[1])
+            prob *= best / sum(c.values())
+            if prob < self.min_prob:
+                break
+            out.append(t)
+            score += prob
+            ctx.append(t)
+        return out, match, score
+
+
+def _bump(table: dict, key: bytes, token: int) -> None:
+    c = table.get(key)
+    if c is None:
+        table[key] = {token: 1}
+    else:
+        c[token] = c.get(token, 0) + 1
+
+
 class CopyProposer:
     """vLLM `custom_class` proposer: `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)` ->
     per request, a chain of <= num_speculative_tokens copied tokens (empty: no draft this step). Counts its steps

@@ -10,12 +10,18 @@ the plugin (`switchsd.vllm.register`) wraps two methods of vLLM's `EagleProposer
   holds under CUDA graphs and torch.compile; layer l's residual stream after attention ("attn", the shipped probe)
   needs a forward hook (the second output of `layers[l].post_attention_layernorm`, vLLM's fused add-and-norm) that
   writes w . h for every token of each target forward into one persistent buffer: eager mode only;
-- `propose(...)`: first the gate (`Gate.plan`): a request whose last verified token scores probe >= tau AND whose
-  last kappa tokens occurred earlier in its context (`copy.copy_chain`) takes the copy chain; the others take
-  EAGLE-3's draft, which runs only for them (when every request copies, EAGLE-3 runs its first pass alone, k = 0,
-  to keep its KV cache in step). Above SWITCHSD_NEURAL_MAX_BATCH running requests (1: on this CPU EAGLE-3 loses
-  from 4 requests on) EAGLE-3 does not run and a request copies wherever a match exists. The drafts go back to vLLM
-  as one list per request, of different lengths, as vLLM's n-gram drafts do.
+- `propose(...)`: first the gate (`Gate.plan`). A request's copy chain is the continuation of its last kappa
+  tokens' most recent earlier occurrence in its own context (`copy.copy_chain`, the paper's copy drafter), else of
+  the longest context that its own tokens or the requests' outputs continued before (`copy.CopyCounts`). Rule
+  "cost" (SWITCHSD_RULE, the default): per request, the copy chain cut to the length, EAGLE-3's draft, or no draft,
+  whichever is expected to emit the most tokens per second from what each earned on this server (`PathCosts`:
+  acceptance by position per probe state and match length, step times by rows verified); the probe's state is
+  what splits the copy path's record. Rule "probe" (the paper's): copy when the probe fires AND the kappa-gram
+  occurred before, else EAGLE-3. EAGLE-3 runs only for the requests that take it, and not at all when none does
+  (its skipped positions stay out of its KV cache: fewer accepted later, never a wrong token). Above
+  SWITCHSD_NEURAL_MAX_BATCH running requests (1: on this CPU EAGLE-3 loses from 4 requests on) it does not run and
+  a request copies wherever it has a chain. The drafts go back to vLLM as one list per request, of different
+  lengths, as vLLM's n-gram drafts do.
 vLLM's rejection sampler is untouched, and the drafts are point masses (EAGLE-3's greedy draft sampling, which
 the gate requires), so every output is what vLLM samples without speculation. Per-path counts (copy / neural /
 none, tokens drafted, accepted per verified draft, read from the target forward's own rows, the probe and gate's
@@ -31,12 +37,14 @@ import time
 import numpy as np
 import torch
 
-from .copy import KAPPA, LOGGER, copy_chain, write_counts
+from .copy import KAPPA, LOGGER, CopyCounts, copy_chain, write_counts
+from .costs import PathCosts
 
 ENV = "SWITCHSD_VLLM_GATE"
 LOG_EVERY = 200
 NEURAL_K = 3            # EAGLE-3's draft length; the server's num_speculative_tokens caps the copy chains
 NEURAL_MAX_BATCH = 1    # above this many running requests EAGLE-3 does not run (docs/scaling.md: measured on CPU)
+RULES = ("cost", "probe")
 
 
 class GateError(ValueError):
@@ -61,18 +69,23 @@ class Gate:
     _last: "Gate | None" = None              # the latest gate in this process (its counts: last_counts)
 
     def __init__(self, probe, target, max_tokens: int, kappa: int = KAPPA, neural_k: int = NEURAL_K,
-                 neural_max_batch: int = NEURAL_MAX_BATCH):
+                 neural_max_batch: int = NEURAL_MAX_BATCH, rule: str = "cost", backoff: bool = True):
         self.w = probe.weight.float()
         self.tau, self.kappa, self.layer = float(probe.tau), kappa, probe.layer
         self.neural_k, self.neural_max_batch = neural_k, neural_max_batch
         self.target = target
+        if rule not in RULES:
+            raise GateError(f"SWITCHSD_RULE={rule!r}: expected one of {', '.join(RULES)}")
+        self.rule = rule
+        self.backoff = CopyCounts() if backoff else None      # chains where the kappa-gram never occurred before
+        self.costs = PathCosts()
         self.logits = torch.zeros(max_tokens)                  # [tokens of the last target forward]
         self.aux: int | None = None                            # EAGLE-3 feature block the probe reads (mlp site)
-        self.counts = {"steps": 0, "copy": 0, "neural": 0, "none": 0, "copy_tokens": 0,
+        self.counts = {"steps": 0, "copy": 0, "neural": 0, "none": 0, "copy_tokens": 0, "copy_backoff": 0,
                        "eagle_steps": 0, "eagle_skipped": 0,   # engine steps with / without EAGLE-3's forward
                        "accepted": {"copy": 0, "neural": 0}, "verified": {"copy": 0, "neural": 0},
                        "gate_s": 0.0, "period_s": 0.0}   # the probe and gate's time; engine steps' time (< 1 s apart)
-        self.last_call = None
+        self.last_call, self.last_ids = None, []
         self.previous: dict[str, tuple[str, int]] = {}   # request id -> (its last draft's path, tokens drafted)
         self.calls = 0
         Gate._last = self
@@ -115,20 +128,28 @@ class Gate:
 
     def plan(self, scores: list[float], seqs: list[np.ndarray], req_ids: list[str], k: int,
              live: list[bool] | None = None, rows: list[int] | None = None,
-             accepted: list[int] | None = None) -> tuple[list[list[int] | None], int | None]:
+             accepted: list[int] | None = None,
+             prompt_lens: list[int] | None = None) -> tuple[list[list[int] | None], int | None]:
         """Each request's next draft: its copy chain (<= k tokens), None (EAGLE-3's draft) or [] (no draft), and
         how many tokens EAGLE-3 drafts this step (0: its first pass only; None: it does not run).
 
         scores: each request's probe probability (`scores`); seqs: its committed tokens, this step's included
         (`committed`); live: False for a request still reading its prompt in chunks (vLLM discards its draft).
-        A request copies when the probe fires AND its last kappa tokens occurred before. With more than
-        `neural_max_batch` live requests, EAGLE-3 does not run: a request copies wherever a match exists (the copy
-        drafter's rule) and drafts nothing otherwise. rows / accepted: each request's rows in this step's target
-        forward and how many of its drafts were accepted; they credit the request's previous draft to its path."""
+        The copy chain: the kappa-gram's most recent earlier occurrence in the request (`copy_chain`), else the
+        longest context that the requests' tokens continued before (`CopyCounts`). Rule "probe" (the paper's):
+        a request copies when the probe fires AND its kappa-gram occurred before. Rule "cost" (the default): a
+        request copies where its chain is expected to emit more tokens per second than EAGLE-3, from what each
+        path earned here (`PathCosts`: accepted tokens per draft by probe state and match length, step times with
+        and without EAGLE-3's passes). With more than `neural_max_batch` live requests EAGLE-3 does not run: a
+        request copies wherever it has a chain. rows / accepted: each request's rows in this step's target
+        forward and how many of its drafts were accepted; they credit the request's previous draft. prompt_lens:
+        each request's prompt length (the shared counts hold outputs only; without them, none)."""
         t = time.perf_counter()
         if self.last_call is not None and t - self.last_call < 1.0:
             self.counts["period_s"] += t - self.last_call
-        self.last_call = t
+            if req_ids == self.last_ids:          # the same requests: a decoding step (no prompt read between)
+                self.costs.step(t - self.last_call)
+        self.last_call, self.last_ids = t, list(req_ids)
         live = live if live is not None else [True] * len(scores)
         neural_on = sum(live) <= self.neural_max_batch
         out: list[list[int] | None] = []
@@ -138,27 +159,43 @@ class Gate:
                 out.append([])
                 continue
             if before is not None and rows is not None and accepted is not None and 1 <= rows[i] - 1 <= before[1]:
-                self.counts["verified"][before[0]] += 1          # rows[i] - 1 of its drafts were verified
-                self.counts["accepted"][before[0]] += accepted[i]
-            chain = copy_chain(seqs[i], self.kappa, k) if s >= self.tau or not neural_on else []
-            path = "copy" if chain else "neural" if neural_on else "none"
+                self.counts["verified"][before[0].split(":")[0]] += 1   # rows[i] - 1 of its drafts were verified
+                self.counts["accepted"][before[0].split(":")[0]] += accepted[i]
+                self.costs.credit(before[0], rows[i] - 1, accepted[i])
+            high = s >= self.tau
+            if self.backoff is not None:
+                self.backoff.add(req_ids[i], seqs[i], prompt_lens[i] if prompt_lens is not None else len(seqs[i]))
+            chain, match = copy_chain(seqs[i], self.kappa, k), self.kappa
+            if not chain and self.backoff is not None and (self.rule == "cost" or not neural_on):
+                chain, match = self.backoff.chain(req_ids[i], seqs[i], k)
+                self.counts["copy_backoff"] += bool(chain)
+            tag = f"copy:{'high' if high else 'low'}:{min(match, self.kappa)}"
+            if not neural_on:
+                path = "copy" if chain else "none"
+            elif self.rule == "probe":
+                path = "copy" if chain and high else "neural"
+            else:
+                n = self.costs.choose(tag, len(chain), min(self.neural_k, k))
+                path, chain = ("neural", []) if n is None else ("copy" if n else "none", chain[:n])
             self.counts["steps"] += 1
             self.counts[path] += 1
-            if chain:
+            if path == "copy":
                 self.counts["copy_tokens"] += len(chain)
-                self.previous[req_ids[i]] = ("copy", len(chain))
-            elif neural_on:
+                self.previous[req_ids[i]] = (tag, len(chain))
+            elif path == "neural":
                 self.previous[req_ids[i]] = ("neural", min(self.neural_k, k))
-            out.append(chain if chain or not neural_on else None)
+            out.append(None if path == "neural" else chain if path == "copy" else [])
         self.calls += 1
         if len(self.previous) > 4 * len(req_ids) + 64:          # finished requests: forget them
             self.previous = {r: v for r, v in self.previous.items() if r in set(req_ids)}
         if self.calls % LOG_EVERY == 0:
             log(self.counts)
-        # EAGLE-3 drafts when a request takes its path; when every request copies it still runs its first pass
-        # (k = 0, as vLLM's dynamic SD does) so that its own KV cache holds these positions for later drafts
-        eagle_k = None if not neural_on or not any(live) else min(self.neural_k, k) if None in out else 0
+        # EAGLE-3 runs only when a request takes its path. When every request copies it does not run at all (on
+        # this CPU its first pass alone, vLLM's k = 0, costs a quarter of a step); the positions it skipped stay
+        # out of its own KV cache, which costs its later drafts some acceptance, never correctness
+        eagle_k = min(self.neural_k, k) if neural_on and None in out else None
         self.counts["eagle_skipped" if eagle_k is None else "eagle_steps"] += 1
+        self.costs.planned(eagle_k is not None, 1 + max([eagle_k or 0] + [len(d) for d in out if d]))
         self.counts["gate_s"] += time.perf_counter() - t
         return out, eagle_k
 
@@ -166,6 +203,7 @@ class Gate:
         """The drafts vLLM verifies: each copy chain, EAGLE-3's row (eagle [B, k]) where the plan says None."""
         rows = eagle.tolist() if eagle is not None else None
         drafts = [p if p is not None else rows[i] for i, p in enumerate(plan)]
+        self.counts["costs"] = self.costs.summary()
         write_counts(self.counts)
         return drafts
 
@@ -257,7 +295,8 @@ def install(probe_path: str) -> None:
         probe = load_gate_probe(probe_path, int(hf.hidden_size), int(hf.num_hidden_layers))
         self._switchsd_gate = Gate(probe, target_model, self.vllm_config.scheduler_config.max_num_batched_tokens,
                                    env_int("SWITCHSD_KAPPA", KAPPA), env_int("SWITCHSD_NEURAL_K", NEURAL_K),
-                                   env_int("SWITCHSD_NEURAL_MAX_BATCH", NEURAL_MAX_BATCH))
+                                   env_int("SWITCHSD_NEURAL_MAX_BATCH", NEURAL_MAX_BATCH),
+                                   os.environ.get("SWITCHSD_RULE", "cost"), bool(env_int("SWITCHSD_BACKOFF", 1)))
 
     def gated_propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                       next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
@@ -286,7 +325,8 @@ def install(probe_path: str) -> None:
         rows, accepted = (start[1:] - first).tolist(), (last - first).tolist()
         gate.counts["gate_s"] += time.perf_counter() - t
         plan, eagle_k = gate.plan(gate.scores(last, target_hidden_states), seqs, batch.req_ids,
-                                  num_speculative_tokens, live, rows, accepted)
+                                  num_speculative_tokens, live, rows, accepted,
+                                  [int(p) for p in batch.num_prompt_tokens[:len(seqs)]])
         drafts = None
         if eagle_k is not None:
             drafts = propose(self, eagle_k, target_token_ids, target_positions, target_hidden_states, next_token_ids,

@@ -1,0 +1,72 @@
+"""The SwitchSD gate's cost model in vLLM: what each drafting path earned on this server and what its steps cost,
+measured from the target forward's own rows and the clock, so that the gate picks per request and step the draft
+with the most expected tokens per second on this machine. numpy only."""
+from __future__ import annotations
+
+import numpy as np
+
+
+class PathCosts:
+    """What each path earned on this server and what its steps cost, as running counts. Per tag (copy by probe
+    state and match length, "copy:high:3"; "neural"): among drafts whose j-th token was verified, how many had it
+    accepted. Per step (EAGLE-3 drafted or not, rows verified): its mean time. `choose` takes, of a copy chain's
+    lengths, EAGLE-3's draft and no draft, the one with the most expected tokens per second: (1 + the summed
+    acceptance rates of its positions) / its step's time. Priors (PRIOR_N pseudo-drafts at PRIOR) until measured."""
+    PRIOR = {"copy": 0.6, "neural": 0.4}
+    PRIOR_N = 2
+
+    def __init__(self, max_len: int = 32):
+        self.max_len = max_len
+        self.reach: dict[str, np.ndarray] = {}     # tag -> [max_len + 1]: drafts whose j-th token was verified
+        self.hit: dict[str, np.ndarray] = {}       # tag -> [max_len + 1]: ... and accepted
+        self.time: dict[tuple[bool, int], list[float]] = {}    # (EAGLE-3 drafted, rows) -> [seconds, steps]
+        self.pending: tuple[bool, int] | None = None           # the last planned step's kind
+
+    def credit(self, tag: str, verified: int, accepted: int) -> None:
+        if tag not in self.reach:
+            self.reach[tag], self.hit[tag] = np.zeros(self.max_len + 1), np.zeros(self.max_len + 1)
+        self.reach[tag][1:verified + 1] += 1
+        self.hit[tag][1:accepted + 1] += 1
+
+    def rates(self, tag: str, n: int) -> np.ndarray:
+        """[n]: the estimated acceptance rate of a draft's positions 1..n."""
+        prior, m = self.PRIOR[tag.split(":")[0]], self.PRIOR_N
+        if tag not in self.reach:
+            return np.full(n, prior)
+        return (self.hit[tag][1:n + 1] + prior * m) / (self.reach[tag][1:n + 1] + m)
+
+    def planned(self, eagle: bool, rows: int) -> None:
+        self.pending = (eagle, rows)
+
+    def step(self, seconds: float) -> None:
+        """The time since the last plan: the step it planned (its drafting, the target forward verifying it)."""
+        if self.pending is not None:
+            t = self.time.setdefault(self.pending, [0.0, 0])
+            t[0] += seconds
+            t[1] += 1
+        self.pending = None
+
+    def step_time(self, eagle: bool, rows: int) -> float:
+        """Mean seconds of such a step; unmeasured: the nearest measured row count of that kind, else of any."""
+        for pool in ([k for k in self.time if k[0] == eagle], list(self.time)):
+            if pool:
+                key = min(pool, key=lambda k: (abs(k[1] - rows), k[1]))
+                return self.time[key][0] / self.time[key][1]
+        return 1.0
+
+    def choose(self, tag: str, chain: int, neural_k: int) -> int | None:
+        """How many of a copy chain's `chain` tokens to draft (0: no draft), or None: EAGLE-3's draft instead."""
+        best, choice = 1 / self.step_time(False, 1), 0
+        gain = 1 + np.cumsum(self.rates(tag, chain)) if chain else []
+        for n, g in enumerate(gain, 1):
+            if g / self.step_time(False, n + 1) > best:
+                best, choice = g / self.step_time(False, n + 1), n
+        if neural_k and (1 + self.rates("neural", neural_k).sum()) / self.step_time(True, neural_k + 1) > best:
+            return None
+        return choice
+
+    def summary(self) -> dict:
+        """Per tag: verified drafts and acceptance rates of positions 1..5; per step kind and rows: mean ms."""
+        return {"rates": {t: [int(self.reach[t][1])] + [round(x, 3) for x in self.rates(t, 5)] for t in sorted(self.reach)},
+                "step_ms": {f"{'eagle' if e else 'copy'}:{r}": round(1000 * v[0] / v[1], 1)
+                            for (e, r), v in sorted(self.time.items())}}
