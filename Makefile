@@ -52,8 +52,8 @@ calibrate: setup      ## measure this device's verification cost curve
 vllm: setup          ## vLLM's own environment with the SwitchSD plugin (.venv-vllm: vLLM's CPU build; minutes)
 	bash scripts/setup_vllm.sh
 
-# vLLM's OpenAI-compatible server on 127.0.0.1:8000 with SwitchSD speculation: VLLM_METHOD=switchsd (vLLM's
-# EAGLE-3 with the shipped head behind the probe gate) or copy (the copy drafter alone, VLLM_K tokens)
+# vLLM's OpenAI-compatible server on 127.0.0.1:8000 with SwitchSD speculation: VLLM_METHOD=switchsd (the gate
+# between copy chains and vLLM's EAGLE-3 with the shipped head) or copy (the copy drafter alone, VLLM_K tokens)
 VLLM_METHOD ?= switchsd
 VLLM_K ?= 5
 VLLM_SPEC_switchsd = {"method": "eagle3", "model": "assets/eagle3-smollm2-135m", "num_speculative_tokens": $(VLLM_K)}

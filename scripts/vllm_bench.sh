@@ -8,8 +8,8 @@
 #   python scripts/vllm_report.py runs/vllm                 # the tables
 # Methods: none; ngram (vLLM's prompt lookup, its documented example: k 5, lookup <= 4); suffix (vLLM's suffix
 # decoding, needs arctic-inference); eagle3 (vLLM's EAGLE-3 with the shipped head, k 3); copy (SwitchSD's copy
-# drafter, k = K); switchsd (the probe gate: copy chains of up to K, else EAGLE-3 k 3; EAGLE-3 off above
-# SWITCHSD_NEURAL_MAX_BATCH running requests).
+# drafter, k = K); switchsd (the gate: per request and step a copy chain of up to K, EAGLE-3 k 3 or no draft, by
+# SWITCHSD_RULE, cost by default; EAGLE-3 off above SWITCHSD_NEURAL_MAX_BATCH running requests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/vllm}

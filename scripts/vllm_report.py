@@ -52,8 +52,8 @@ def paths(c: dict | None, acceptance_length: float | None = None) -> str:
         note = f" (gate counts {own:.2f} tokens per draft)" if acceptance_length and \
             abs(own - acceptance_length) > 0.02 * acceptance_length else ""
         none = f", none {100 * c.get('none', 0) / s:.0f}%" if c.get("none") else ""
-        memory = f", {100 * c['copy_memory'] / max(1, c['copy']):.0f}% of them from other requests" \
-            if c.get("copy_memory") else ""
+        memory = f", {100 * c['copy_backoff'] / max(1, c['copy']):.0f}% of them backed off" \
+            if c.get("copy_backoff") else ""
         return (f"copy {100 * c['copy'] / s:.0f}% (MAL {mal['copy']:.2f}{memory}), neural {100 * c['neural'] / s:.0f}% "
                 f"(MAL {mal['neural']:.2f}){none}; gate {share:.1f}% of step time{note}")
     return f"copy {100 * c['copy'] / s:.0f}% of steps, {c['drafted_tokens'] / max(1, c['copy']):.1f} tokens a draft"

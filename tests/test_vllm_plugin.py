@@ -157,10 +157,10 @@ def test_the_cost_rule_drafts_what_is_expected_to_emit_the_most_tokens_per_secon
     def plan(name):            # a new request id each time: no step time is measured between the calls
         return gate.plan([0.05], [b], [name], k=3, prompt_lens=[2])
     assert plan("b1") == ([None], 3)               # priors: EAGLE-3's 3 x 0.4 over a 1-token chain's 0.6
-    assert gate.counts["copy_backoff"] == 1
     for _ in range(10):
         costs.credit("copy:low:1", 1, 1)           # 1-token chains after a 1-token match: always accepted
     assert plan("b2") == ([[9]], None)             # (1 + 0.93) / 80 ms > (1 + 1.2) / 95 ms
+    assert gate.counts["copy_backoff"] == 1        # a backed-off chain, drafted
     for _ in range(10):
         costs.credit("neural", 3, 3)
     assert plan("b3") == ([None], 3)               # EAGLE-3 accepts 0.9 a position: (1 + 2.7) / 95 ms

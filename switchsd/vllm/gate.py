@@ -168,7 +168,8 @@ class Gate:
             chain, match = copy_chain(seqs[i], self.kappa, k), self.kappa
             if not chain and self.backoff is not None and (self.rule == "cost" or not neural_on):
                 chain, match = self.backoff.chain(req_ids[i], seqs[i], k)
-                self.counts["copy_backoff"] += bool(chain)
+                match = -match                            # backed off (a negative match: counted below)
+            backed_off, match = match < 0, abs(match)
             tag = f"copy:{'high' if high else 'low'}:{min(match, self.kappa)}"
             if not neural_on:
                 path = "copy" if chain else "none"
@@ -181,6 +182,7 @@ class Gate:
             self.counts[path] += 1
             if path == "copy":
                 self.counts["copy_tokens"] += len(chain)
+                self.counts["copy_backoff"] += backed_off
                 self.previous[req_ids[i]] = (tag, len(chain))
             elif path == "neural":
                 self.previous[req_ids[i]] = ("neural", min(self.neural_k, k))
