@@ -100,12 +100,15 @@ class CopyCounts:
         return best[0], best[1]
 
     def _walk(self, table: dict, seq: np.ndarray, k: int) -> tuple[list[int], int, float]:
-        ctx = [int(t) for t in seq[-self.max_n:]]
+        tail = np.asarray(seq[-self.max_n:], dtype=np.int64)
+        ctx = np.empty(len(tail) + k, dtype=np.int64)             # the context, then the draft as it grows
+        ctx[:len(tail)] = tail
+        end = len(tail)
         out: list[int] = []
         match, prob, score = 0, 1.0, 0.0
         while len(out) < k:
-            for n in range(min(self.max_n, len(ctx)), 0, -1):      # the longest context seen before
-                c = table.get(np.array(ctx[-n:], dtype=np.int64).tobytes())
+            for n in range(min(self.max_n, end), 0, -1):           # the longest context seen before
+                c = table.get(ctx[end - n:end].tobytes())
                 if c:
                     break
             else:
@@ -118,7 +121,8 @@ class CopyCounts:
                 break
             out.append(t)
             score += prob
-            ctx.append(t)
+            ctx[end] = t
+            end += 1
         return out, match, score
 
 

@@ -131,16 +131,16 @@ class Gate:
              accepted: list[int] | None = None,
              prompt_lens: list[int] | None = None) -> tuple[list[list[int] | None], int | None]:
         """Each request's next draft: its copy chain (<= k tokens), None (EAGLE-3's draft) or [] (no draft), and
-        how many tokens EAGLE-3 drafts this step (0: its first pass only; None: it does not run).
+        how many tokens EAGLE-3 drafts this step (None: it does not run).
 
         scores: each request's probe probability (`scores`); seqs: its committed tokens, this step's included
         (`committed`); live: False for a request still reading its prompt in chunks (vLLM discards its draft).
         The copy chain: the kappa-gram's most recent earlier occurrence in the request (`copy_chain`), else the
         longest context that the requests' tokens continued before (`CopyCounts`). Rule "probe" (the paper's):
-        a request copies when the probe fires AND its kappa-gram occurred before. Rule "cost" (the default): a
-        request copies where its chain is expected to emit more tokens per second than EAGLE-3, from what each
-        path earned here (`PathCosts`: accepted tokens per draft by probe state and match length, step times with
-        and without EAGLE-3's passes). With more than `neural_max_batch` live requests EAGLE-3 does not run: a
+        a request copies when the probe fires AND its kappa-gram occurred before. Rule "cost" (the default): the
+        copy chain cut to the best length, EAGLE-3's draft or no draft, whichever is expected to emit the most
+        tokens per second (`PathCosts.choose`: acceptance by draft position per path, probe state and match
+        length; step times by rows verified and by whether EAGLE-3 drafted). With more than `neural_max_batch` live requests EAGLE-3 does not run: a
         request copies wherever it has a chain. rows / accepted: each request's rows in this step's target
         forward and how many of its drafts were accepted; they credit the request's previous draft. prompt_lens:
         each request's prompt length (the shared counts hold outputs only; without them, none)."""
@@ -159,17 +159,17 @@ class Gate:
                 out.append([])
                 continue
             if before is not None and rows is not None and accepted is not None and 1 <= rows[i] - 1 <= before[1]:
-                self.counts["verified"][before[0].split(":")[0]] += 1   # rows[i] - 1 of its drafts were verified
-                self.counts["accepted"][before[0].split(":")[0]] += accepted[i]
-                self.costs.credit(before[0], rows[i] - 1, accepted[i])
+                tag, path = before[0], before[0].split(":")[0]      # rows[i] - 1 of its drafts were verified
+                self.counts["verified"][path] += 1
+                self.counts["accepted"][path] += accepted[i]
+                self.costs.credit(tag, rows[i] - 1, accepted[i])
             high = s >= self.tau
             if self.backoff is not None:
                 self.backoff.add(req_ids[i], seqs[i], prompt_lens[i] if prompt_lens is not None else len(seqs[i]))
-            chain, match = copy_chain(seqs[i], self.kappa, k), self.kappa
+            chain, match, backed_off = copy_chain(seqs[i], self.kappa, k), self.kappa, False
             if not chain and self.backoff is not None and (self.rule == "cost" or not neural_on):
                 chain, match = self.backoff.chain(req_ids[i], seqs[i], k)
-                match = -match                            # backed off (a negative match: counted below)
-            backed_off, match = match < 0, abs(match)
+                backed_off = bool(chain)
             tag = f"copy:{'high' if high else 'low'}:{min(match, self.kappa)}"
             if not neural_on:
                 path = "copy" if chain else "none"
