@@ -9,7 +9,7 @@ from app.early_js import EarlyScript
 from app.guard import GUARD
 from app.live import LiveRoute
 from app.render import CSS, HEAD_JS
-from app.resources import Resources
+from app.resources import Resources, settle_heap
 from app.studio import build_demo, quiet_queue
 from switchsd.models.forward import FORWARDS
 
@@ -44,6 +44,7 @@ def main(argv=None) -> None:
     # every run goes through the device queue (no direct REST route past it), which holds at most
     # QUEUE_MAX runs and GUARD.per_session of any one browser session (app/guard.py)
     demo = quiet_queue(demo.queue(default_concurrency_limit=1, api_open=False, max_size=QUEUE_MAX))
+    settle_heap()
     GUARD.install(demo)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, auth=auth, head=HEAD_JS, css=CSS,
                 max_file_size=MAX_UPLOAD,

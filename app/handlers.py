@@ -30,7 +30,11 @@ PLOT_REFRESH_S = float(os.environ.get("SWITCHSD_PLOT_REFRESH_S", 0.5))   # the f
 FULL_REFRESH_S = float(os.environ.get("SWITCHSD_FULL_REFRESH_S", 3.0))   # whole view through Gradio (API)
 # the first live frame once a run has lasted this long: a frame costs the browser tens of ms of CPU on the cores the
 # engine decodes on, which a run of a few hundred ms (128 tokens at q4q8's speed) would pay for nothing
-FIRST_FRAME_S = float(os.environ.get("SWITCHSD_FIRST_FRAME_S", 0.4))
+FIRST_FRAME_S = float(os.environ.get("SWITCHSD_FIRST_FRAME_S", 1.0))
+# a click costs the browser 60-100 ms of CPU (Gradio's request and messages, the status, style and layout of a
+# page holding the last run's plots and tokens); the engine starts this long after the click so that this work
+# does not land on its prefill (measured with scripts/app_overhead.py: prefills of 70 ms ran 100-290 ms)
+SETTLE_S = float(os.environ.get("SWITCHSD_SETTLE_S", 0.15))
 PLOT_IDS = ("plot-accept", "plot-probe", "plot-copy-rate", "plot-toks")    # elem ids, in output order
 UI_SHARE = 0.05            # ...and both less often when drawing would take more than this share of the time
 
@@ -129,7 +133,10 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
     token = BOARD.open()            # the page script polls this run's live frames (app/live.py)
     # The engine runs on the torch thread and never waits for a frame; drawing (here) and the browser still
     # share the CPU with it, so drawing is timed and the refresh interval grows when it would cost more than
-    # UI_SHARE of the wall time. Tok/s shown = tokens / wall time from the click, drawing included.
+    # UI_SHARE of the wall time. Tok/s shown = tokens / wall time from the engine's start, drawing included.
+    settle = SETTLE_S - (time.monotonic() - t_click)
+    if settle > 0:                  # the page's own work on the click first (SETTLE_S)
+        time.sleep(settle)
     t0 = time.perf_counter()
     last, last_plot, last_full, ui_cost, ui_total = 0.0, t0, t0, 0.0, 0.0
     posted = 0                                                   # events whose spans are on the board
@@ -181,7 +188,10 @@ def generate(res: Resources, prompt: str, method: str, temperature: float, max_n
                 # the first frame names the run for the page script; later ones serve API clients (gradio_client)
                 live = (f'<div class="ssd-run" data-run="{token}" data-every="{int(1000 * REFRESH_S)}"></div>'
                         if first else gr.skip())
-                yield GenerateFrame.of(tokens=tokens_html(lm.tokenizer, events, t_tau, ids), status=line, live=live)
+                # without the prompt's context spans (the final frame brings them): the browser renders a
+                # Gradio HTML update of a few hundred spans in ~140 ms of CPU, which the engine would share
+                yield GenerateFrame.of(tokens=tokens_html(lm.tokenizer, events, t_tau, show_prompt=False),
+                                       status=line, live=live)
                 last_full = now
             last = time.perf_counter()
             last_plot = last if with_plots else last_plot

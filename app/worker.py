@@ -6,9 +6,14 @@ pool is per calling thread, so torch work spread over several threads pays for i
 thread 15.6 Tok/s; each step on a pool thread 13.0; loading on one thread and generating on another 13.4;
 loading and generating on the same (non-main) thread 15.9. So the studio keeps all of it on this thread, and
 the handlers only render the events it streams back (through a queue: the engine never waits for a frame).
+
+Python's cyclic garbage collector is paused while a job runs (any thread's allocations can trigger a collection,
+which holds the GIL: 20-270 ms for the studio's heap, inside runs that last a few hundred ms) and resumes between
+jobs; a run's own objects (events, frames) are freed by reference counting as usual.
 """
 from __future__ import annotations
 
+import gc
 import queue
 import threading
 import time
@@ -48,6 +53,7 @@ class TorchThread:
         while True:
             job = self._jobs.get()
             self.busy = True
+            gc.disable()        # no cyclic collection in the middle of a job (see below)
             try:
                 job()
             except BaseException as e:  # noqa: BLE001 - a job's own failure must not end the thread
@@ -55,6 +61,7 @@ class TorchThread:
                 traceback.print_exception(e)
             finally:
                 self.busy = False
+                gc.enable()
 
     def post(self, fn: Callable[[], object]) -> None:
         """Run fn on the torch thread after the jobs already queued; do not wait for it."""

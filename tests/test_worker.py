@@ -20,6 +20,31 @@ def test_call_runs_on_one_thread_and_reraises():
     assert w.call(lambda: w.call(lambda: 7)) == 7          # nested calls run inline, no deadlock
 
 
+def test_cyclic_gc_pauses_during_a_job_and_resumes_after():
+    import gc
+    w = TorchThread()
+    assert gc.isenabled()
+    assert w.call(gc.isenabled) is False                       # a collection would hold the GIL mid-run
+    assert list(w.stream(lambda: iter([gc.isenabled()]))) == [False]
+    with pytest.raises(ZeroDivisionError):
+        w.call(lambda: 1 / 0)
+    deadline = time.monotonic() + 5        # the thread re-enables it right after handing the result over
+    while not gc.isenabled() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gc.isenabled()                                      # back on between jobs, failed ones included
+
+
+def test_settle_heap_exempts_live_objects_from_collection():
+    import gc
+
+    from app.resources import settle_heap
+    try:
+        settle_heap()
+        assert gc.get_freeze_count() > 1000                   # the objects alive at the call
+    finally:
+        gc.unfreeze()
+
+
 def test_stream_yields_everything_on_the_torch_thread():
     w = TorchThread()
     seen = []
