@@ -94,6 +94,7 @@ for m in ${METHODS//,/ }; do
         --percentile-metrics ttft,tpot,e2el --metric-percentiles 50,90 --save-result --save-detailed \
         --result-dir "$OUT/$m" --result-filename "$ds-c$c.json.part" > "$OUT/$m/$ds-c$c.log" 2>&1 \
         || { echo "error: bench failed ($OUT/$m/$ds-c$c.log)" >&2; exit 1; }
+      sleep 1         # the plugin rewrites its counts file at most every 0.5 s (switchsd/vllm/copy.py, FLUSH_S)
       cp "$OUT/$m/counts.json" "$OUT/$m/$ds-c$c.counts-after.json" 2>/dev/null || true
       .venv/bin/python -c "import json, sys; r = json.load(open(sys.argv[1])); n = int(sys.argv[2])
 sys.exit(0 if r['completed'] == n else f'error: {n - r[\"completed\"]} of {n} requests failed (see server.log)')" \

@@ -41,6 +41,20 @@ def test_copy_chain_is_the_copy_drafter_s_first_candidate():
     assert drafted > 200          # the comparison is not vacuous (232 of 1,500 draft)
 
 
+def test_counts_file_holds_the_newest_counts_soon_after_the_last_step(tmp_path, monkeypatch):
+    import time
+
+    from switchsd.vllm import copy as vcopy
+    path = tmp_path / "counts.json"
+    monkeypatch.setenv(vcopy.COUNTS_ENV, str(path))
+    taken = []
+    for i in range(200):                          # 200 steps in well under FLUSH_S
+        vcopy.write_counts(lambda i=i: taken.append(i) or {"steps": i})
+    time.sleep(3 * vcopy.FLUSH_S)
+    assert json.loads(path.read_text()) == {"steps": 199}
+    assert len(taken) <= 2, "a snapshot per step, not per flush"
+
+
 def test_copy_proposer_drafts_per_request_and_counts_its_paths():
     cfg = types.SimpleNamespace(speculative_config=types.SimpleNamespace(num_speculative_tokens=4),
                                 model_config=types.SimpleNamespace(max_model_len=64))

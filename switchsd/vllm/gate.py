@@ -205,8 +205,7 @@ class Gate:
         """The drafts vLLM verifies: each copy chain, EAGLE-3's row (eagle [B, k]) where the plan says None."""
         rows = eagle.tolist() if eagle is not None else None
         drafts = [p if p is not None else rows[i] for i, p in enumerate(plan)]
-        self.counts["costs"] = self.costs.summary()
-        write_counts(self.counts)
+        write_counts(lambda: {**self.counts, "costs": self.costs.summary()})
         return drafts
 
 
