@@ -53,7 +53,7 @@ class TorchThread:
         while True:
             job = self._jobs.get()
             self.busy = True
-            gc.disable()        # no cyclic collection in the middle of a job (see below)
+            gc.disable()        # no cyclic collection in the middle of a job (the module docstring says why)
             try:
                 job()
             except BaseException as e:  # noqa: BLE001 - a job's own failure must not end the thread
