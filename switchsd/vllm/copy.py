@@ -24,7 +24,7 @@ COUNTS_ENV = "SWITCHSD_VLLM_COUNTS"     # a file that holds a proposer's running
 
 
 FLUSH_S = 0.5        # the counts file is rewritten at most this often
-_flush = {"snapshot": None, "thread": None, "failed": False}
+_flush = {"snapshot": None, "path": None, "thread": None, "failed": False}
 _flush_lock = threading.Lock()
 
 
@@ -33,10 +33,11 @@ def write_counts(snapshot: Callable[[], dict]) -> None:
     $SWITCHSD_VLLM_COUNTS at most every FLUSH_S, replaced whole (a reader never sees half a file), so a step pays
     for a flag, not a file (a write per step was 0.7% of a worker's time), and the file holds the final counts
     FLUSH_S after the last step."""
-    if not os.environ.get(COUNTS_ENV) or _flush["failed"]:
+    path = os.environ.get(COUNTS_ENV)
+    if not path or _flush["failed"]:
         return
     with _flush_lock:
-        _flush["snapshot"] = snapshot
+        _flush["snapshot"], _flush["path"] = snapshot, path
         if _flush["thread"] is None:
             _flush["thread"] = threading.Thread(target=_flusher, name="switchsd-counts", daemon=True)
             _flush["thread"].start()
@@ -46,10 +47,9 @@ def _flusher() -> None:
     while not _flush["failed"]:
         time.sleep(FLUSH_S)
         with _flush_lock:
-            snapshot, _flush["snapshot"] = _flush["snapshot"], None
+            snapshot, path, _flush["snapshot"] = _flush["snapshot"], _flush["path"], None
         if snapshot is None:
             continue
-        path = os.environ.get(COUNTS_ENV)
         try:
             text = json.dumps(snapshot())
         except RuntimeError:            # a dict grew under the dump (the serving thread): next time

@@ -140,8 +140,8 @@ class Gate:
         a request copies when the probe fires AND its kappa-gram occurred before. Rule "cost" (the default): the
         copy chain cut to the best length, EAGLE-3's draft or no draft, whichever is expected to emit the most
         tokens per second (`PathCosts.choose`: acceptance by draft position per path, probe state and match
-        length; step times by rows verified and by whether EAGLE-3 drafted). With more than `neural_max_batch` live requests EAGLE-3 does not run: a
-        request copies wherever it has a chain. rows / accepted: each request's rows in this step's target
+        length; step times by rows verified and by whether EAGLE-3 drafted). With more than `neural_max_batch`
+        live requests EAGLE-3 does not run: a request copies wherever it has a chain. rows / accepted: each request's rows in this step's target
         forward and how many of its drafts were accepted; they credit the request's previous draft. prompt_lens:
         each request's prompt length (the shared counts hold outputs only; without them, none)."""
         t = time.perf_counter()
