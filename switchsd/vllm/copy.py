@@ -5,7 +5,9 @@ as one chain (vLLM verifies one chain per request), a point mass for vLLM's reje
                                             "num_speculative_tokens": 8}'
 
 Stateless per step (vLLM hands over each request's tokens, not its id): one vectorised scan of the context for the
-last kappa tokens. `copy_chain` equals the first candidate of `switchsd.drafters.copy.CopyDrafter` (tested).
+last kappa tokens. vLLM verifies one chain per request where the engine's copy drafter verifies a trie of up to W
+continuations (`switchsd.drafters.copy.CopyDrafter`), so `copy_match` picks one of them: the occurrence with the
+longest matching context, and where its continuation runs into the present, the chain repeats itself (tested).
 Imports numpy only, so it loads in vLLM's own environment.
 """
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 KAPPA = 3             # the cost gate's kappa-gram (switchsd.core.config.GateConfig.kappa)
+MAX_MATCH = 24        # the longest context match that picks among a kappa-gram's occurrences (suffix decoding's depth)
+MAX_HITS = 64         # of the most recent occurrences
 LOGGER = "vllm.switchsd"    # under vLLM's logger, whose handlers print INFO (a logger outside "vllm." stays silent)
 COUNTS_ENV = "SWITCHSD_VLLM_COUNTS"     # a file that holds a proposer's running counts as JSON (benchmarks read it)
 
@@ -67,19 +71,41 @@ def _flusher() -> None:
 
 
 def copy_chain(context: np.ndarray, kappa: int, k: int) -> list[int]:
-    """context int [n] (tokens so far, the last one pending); the <= k tokens that followed the most recent
-    earlier occurrence of its last `kappa` tokens (an occurrence followed by nothing is skipped), or []."""
+    """context int [n] (tokens so far, the last one pending); the <= k tokens that followed the earlier occurrence
+    of its last `kappa` tokens whose preceding context matches the present's longest (`copy_match`), or []."""
+    return copy_match(context, kappa, k)[0]
+
+
+def copy_match(context: np.ndarray, kappa: int, k: int, max_match: int = MAX_MATCH,
+               max_hits: int = MAX_HITS) -> tuple[list[int], int, int]:
+    """(the copy chain, its source's distance from the present, the match length).
+
+    Of the last `max_hits` earlier occurrences of the kappa-gram (an occurrence followed by nothing is skipped),
+    the one whose preceding tokens match the present's for the longest stretch (up to `max_match` tokens in all,
+    the most recent among equals: suffix decoding's longest match, here on the request's own tokens); its
+    continuation is the chain. Where that continuation runs into the present (a repeating stretch: "0 0 0", a
+    period-p loop), the chain goes on as the draft itself, LZ77's overlapping copy: token j is what stands j places
+    after the source in context + chain, so a loop is drafted k tokens deep, not cut at the present."""
     n = int(context.shape[0])
     if n <= kappa or k < 1:
-        return []
+        return [], 0, 0
     gram = context[n - kappa:]
     windows = np.lib.stride_tricks.sliding_window_view(context[:n - 1], kappa)       # [n - kappa, kappa]
     hits = np.flatnonzero((windows == gram).all(1))
-    for s in hits[::-1]:                                     # most recent first; s + kappa <= n - 1 < n
-        if s == n - kappa:
-            continue
-        return [int(t) for t in context[s + kappa:s + kappa + k]]
-    return []
+    hits = hits[hits != n - kappa][-max_hits:]              # ascending; s + kappa <= n - 1
+    if not len(hits):
+        return [], 0, 0
+    back = np.arange(1, max_match - kappa + 1)              # [m]: tokens before the gram, 1 back, 2 back ...
+    here, there = n - kappa - back, hits[:, None] - back     # [m], [H, m]
+    same = (there >= 0) & (here >= 0) & (context[np.maximum(there, 0)] == context[np.maximum(here, 0)])
+    longer = np.cumprod(same, axis=1).sum(1)                # [H]: how far each occurrence's context matches
+    best = int(np.flatnonzero(longer == longer.max())[-1])
+    src = int(hits[best]) + kappa
+    chain = [int(t) for t in context[src:src + k]]
+    gap = n - src                                           # >= 1
+    while len(chain) < k:                                   # context + chain at src + j, j >= gap: chain[j - gap]
+        chain.append(chain[len(chain) - gap])
+    return chain, gap, kappa + int(longer[best])
 
 
 class CopyCounts:

@@ -9,7 +9,8 @@ import numpy as np
 class PathCosts:
     """What each path earned on this server and what its steps cost, as running counts. Per tag (copy by probe
     state and match length, "copy:high:3"; "neural"): among drafts whose j-th token was verified, how many had it
-    accepted. Per step (EAGLE-3 drafted or not, rows verified): its mean time. `choose` takes, of a copy chain's
+    accepted. Per step (EAGLE-3 drafted or not, rows verified): its mean time, read through a line over the rows
+    (`step_times`). `choose` takes, of a copy chain's
     lengths, EAGLE-3's draft and no draft, the one with the most expected tokens per second: (1 + the summed
     acceptance rates of its positions) / its step's time. Priors (PRIOR_N pseudo-drafts at PRIOR) until measured."""
     PRIOR = {"copy": 0.6, "neural": 0.4}
@@ -47,20 +48,43 @@ class PathCosts:
         self.pending = None
 
     def step_time(self, eagle: bool, rows: int) -> float:
-        """Mean seconds of such a step; unmeasured: the nearest measured row count of that kind, else of any."""
-        for pool in ([k for k in self.time if k[0] == eagle], list(self.time)):
-            if pool:
-                key = min(pool, key=lambda k: (abs(k[1] - rows), k[1]))
-                return self.time[key][0] / self.time[key][1]
-        return 1.0
+        """Expected seconds of such a step. Steps without EAGLE-3: a line through the mean time of each measured
+        row count, weighted by its steps (one noisy or stale row count cannot price itself out of ever being
+        drafted, and so out of ever being measured again), flat with one row count measured; with EAGLE-3: its
+        own mean at that row count, else the nearest measured one moved along the line, else the line. 1 s when
+        nothing is measured."""
+        return self.step_times(eagle, [rows])[0]
+
+    def step_times(self, eagle: bool, rows: list[int]) -> list[float]:
+        plain = [(r, v[0] / v[1], v[1]) for (e, r), v in self.time.items() if not e and v[1]]
+        if not plain:
+            plain = [(r, v[0] / v[1], v[1]) for (e, r), v in self.time.items() if v[1]]
+        if not plain:
+            return [1.0] * len(rows)
+        w = sum(n for _, _, n in plain)
+        mr, mt = sum(r * n for r, _, n in plain) / w, sum(t * n for _, t, n in plain) / w
+        var = sum(n * (r - mr) ** 2 for r, _, n in plain)
+        slope = max(0.0, sum(n * (r - mr) * (t - mt) for r, t, n in plain) / var) if var > 0 else 0.0
+        line = [mt + slope * (r - mr) for r in rows]
+        if not eagle:
+            return line
+        own = {r: v[0] / v[1] for (e, r), v in self.time.items() if e and v[1]}
+        if not own:
+            return line
+        out = []
+        for r in rows:
+            near = min(own, key=lambda x: (abs(x - r), x))
+            out.append(own[near] + slope * (r - near))
+        return out
 
     def choose(self, tag: str, chain: int, neural_k: int) -> int | None:
         """How many of a copy chain's `chain` tokens to draft (0: no draft), or None: EAGLE-3's draft instead."""
-        best, choice = 1 / self.step_time(False, 1), 0
+        times = self.step_times(False, list(range(1, chain + 2)))
+        best, choice = 1 / times[0], 0
         gain = 1 + np.cumsum(self.rates(tag, chain)) if chain else []
         for n, g in enumerate(gain, 1):
-            if g / self.step_time(False, n + 1) > best:
-                best, choice = g / self.step_time(False, n + 1), n
+            if g / times[n] > best:
+                best, choice = g / times[n], n
         if neural_k and (1 + self.rates("neural", neural_k).sum()) / self.step_time(True, neural_k + 1) > best:
             return None
         return choice

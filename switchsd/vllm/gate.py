@@ -11,11 +11,12 @@ the plugin (`switchsd.vllm.register`) wraps two methods of vLLM's `EagleProposer
   needs a forward hook (the second output of `layers[l].post_attention_layernorm`, vLLM's fused add-and-norm) that
   writes w . h for every token of each target forward into one persistent buffer: eager mode only;
 - `propose(...)`: first the gate (`Gate.plan`). A request's copy chain is the continuation of its last kappa
-  tokens' most recent earlier occurrence in its own context (`copy.copy_chain`, the paper's copy drafter), else of
+  tokens' earlier occurrence in its own context (`copy.copy_match`, the paper's copy drafter; of its occurrences,
+  the one whose preceding context matches longest; where it runs into the present it repeats itself), else of
   the longest context that its own tokens or the requests' outputs continued before (`copy.CopyCounts`). Rule
   "cost" (SWITCHSD_RULE, the default): per request, the copy chain cut to the length, EAGLE-3's draft, or no draft,
   whichever is expected to emit the most tokens per second from what each earned on this server (`PathCosts`:
-  acceptance by position per probe state and match length, step times by rows verified); the probe's state is
+  acceptance by position per probe state and match length, loops apart; step times by rows verified); the probe's state is
   what splits the copy path's record. Rule "probe" (the paper's): copy when the probe fires AND the kappa-gram
   occurred before, else EAGLE-3. EAGLE-3 runs only for the requests that take it, and not at all when none does
   (its skipped positions stay out of its KV cache: fewer accepted later, never a wrong token). Above
@@ -37,7 +38,7 @@ import time
 import numpy as np
 import torch
 
-from .copy import KAPPA, LOGGER, CopyCounts, copy_chain, write_counts
+from .copy import KAPPA, LOGGER, CopyCounts, copy_match, write_counts
 from .costs import PathCosts
 
 ENV = "SWITCHSD_VLLM_GATE"
@@ -81,7 +82,8 @@ class Gate:
         self.costs = PathCosts()
         self.logits = torch.zeros(max_tokens)                  # [tokens of the last target forward]
         self.aux: int | None = None                            # EAGLE-3 feature block the probe reads (mlp site)
-        self.counts = {"steps": 0, "copy": 0, "neural": 0, "none": 0, "copy_tokens": 0, "copy_backoff": 0,
+        self.counts = {"steps": 0, "copy": 0, "neural": 0, "none": 0, "none_chain": 0,   # none though a chain was there
+                       "copy_tokens": 0, "copy_backoff": 0,
                        "eagle_steps": 0, "eagle_skipped": 0,   # engine steps with / without EAGLE-3's forward
                        "accepted": {"copy": 0, "neural": 0}, "verified": {"copy": 0, "neural": 0},
                        "gate_s": 0.0, "period_s": 0.0}   # the probe and gate's time; engine steps' time (< 1 s apart)
@@ -135,7 +137,7 @@ class Gate:
 
         scores: each request's probe probability (`scores`); seqs: its committed tokens, this step's included
         (`committed`); live: False for a request still reading its prompt in chunks (vLLM discards its draft).
-        The copy chain: the kappa-gram's most recent earlier occurrence in the request (`copy_chain`), else the
+        The copy chain: the kappa-gram's earlier occurrence in the request (`copy_match`), else the
         longest context that the requests' tokens continued before (`CopyCounts`). Rule "probe" (the paper's):
         a request copies when the probe fires AND its kappa-gram occurred before. Rule "cost" (the default): the
         copy chain cut to the best length, EAGLE-3's draft or no draft, whichever is expected to emit the most
@@ -166,11 +168,14 @@ class Gate:
             high = s >= self.tau
             if self.backoff is not None:
                 self.backoff.add(req_ids[i], seqs[i], prompt_lens[i] if prompt_lens is not None else len(seqs[i]))
-            chain, match, backed_off = copy_chain(seqs[i], self.kappa, k), self.kappa, False
+            chain, gap, _ = copy_match(seqs[i], self.kappa, k)
+            match, backed_off = self.kappa, False
             if not chain and self.backoff is not None and (self.rule == "cost" or not neural_on):
                 chain, match = self.backoff.chain(req_ids[i], seqs[i], k)
                 backed_off = bool(chain)
-            tag = f"copy:{'high' if high else 'low'}:{min(match, self.kappa)}"
+            loop = "r" if chain and not backed_off and len(chain) > gap else ""     # a chain that repeats itself
+            chain_found = chain
+            tag = f"copy:{'high' if high else 'low'}:{min(match, self.kappa)}{loop}"
             if not neural_on:
                 path = "copy" if chain else "none"
             elif self.rule == "probe":
@@ -180,6 +185,7 @@ class Gate:
                 path, chain = ("neural", []) if n is None else ("copy" if n else "none", chain[:n])
             self.counts["steps"] += 1
             self.counts[path] += 1
+            self.counts["none_chain"] += path == "none" and bool(chain_found)
             if path == "copy":
                 self.counts["copy_tokens"] += len(chain)
                 self.counts["copy_backoff"] += backed_off

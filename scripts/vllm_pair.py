@@ -1,0 +1,160 @@
+"""Two vLLM speculative methods side by side, request by request: both servers up at once, every prompt sent to
+one and then the other (the order alternating, ABBA), one request at a time. The machine's speed drifts by tens of
+percent within minutes on these CPUs; a run per method (scripts/vllm_bench.sh) puts that drift between the two
+methods, pairs put it on both alike. Greedy, float32, the chat endpoint, the project's prompt sets.
+
+    python scripts/vllm_pair.py --methods suffix,switchsd --sets humaneval:20 math500:20 --max-new 128 --out runs/pair
+
+Prints, and writes to OUT/pair.json, per set: each method's output tok/s (tokens over the summed request times),
+B's ratio to A with a 90% bootstrap interval over prompts, and how many texts are identical. Needs `make vllm`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from switchsd.vllm.methods import METHODS, PROBE, speculative_config  # noqa: E402
+
+VPY = ROOT / ".venv-vllm" / "bin" / "python"
+
+
+def post(port: int, path: str, body: dict, timeout: float = 600) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def start(method: str, k: int, port: int, model: str, out: Path) -> subprocess.Popen:
+    spec = speculative_config(method, k)
+    env = dict(os.environ, SWITCHSD_VLLM_GATE=PROBE if method == "switchsd" else "",
+               SWITCHSD_VLLM_COUNTS=str(out / f"{method}.counts.json"))
+    iomp = ROOT / ".venv-vllm" / "lib" / "libiomp5.so"
+    if iomp.exists():
+        env["LD_PRELOAD"] = str(iomp)
+    cmd = [str(VPY), "-m", "switchsd.vllm.cli", "serve", model, "--host", "127.0.0.1", "--port", str(port),
+           "--dtype", "float32", "--max-model-len", "4096", "--seed", "0", "--enforce-eager",
+           "--gpu-memory-utilization", "0.12"]          # two servers share the RAM (a KV cache of ~3 GB each)
+    if spec:
+        cmd += ["--speculative-config", json.dumps(spec)]
+    log = open(out / f"{method}.server.log", "a")
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait(procs: dict[str, tuple[subprocess.Popen, int]], out: Path) -> None:
+    for _ in range(600):
+        for m, (p, port) in procs.items():
+            if p.poll() is not None:
+                raise SystemExit(f"error: the {m} server exited ({out / (m + '.server.log')})")
+        if all(healthy(port) for _, port in procs.values()):
+            return
+        time.sleep(1)
+    raise SystemExit("error: the servers did not start in 10 minutes")
+
+
+def ratio_interval(ta: list[float], tb: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """90% bootstrap interval over prompts of sum(tb) / sum(ta) (A's time over B's: B's speed ratio)."""
+    rng, idx = random.Random(seed), range(len(ta))
+    rs = []
+    for _ in range(n):
+        s = [rng.choice(idx) for _ in idx]
+        rs.append(sum(ta[i] for i in s) / sum(tb[i] for i in s))
+    rs.sort()
+    return rs[int(0.05 * n)], rs[int(0.95 * n) - 1]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--methods", default="suffix,switchsd", help="A,B (of %s)" % ", ".join(METHODS))
+    ap.add_argument("--sets", nargs="+", default=["humaneval:20", "math500:20"], help="NAME:N, N >= 1")
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--k", type=int, help="draft cap of suffix, copy and switchsd (default: each its own)")
+    ap.add_argument("--port", type=int, default=8021, help="A's port; B's is the next")
+    ap.add_argument("--out", default="runs/vllm-pair")
+    a = ap.parse_args(argv)
+    methods = a.methods.split(",")
+    if len(methods) != 2 or len(set(methods)) != 2 or not set(methods) <= set(METHODS):
+        raise SystemExit(f"error: --methods takes two different methods of {', '.join(METHODS)}")
+    sets = []
+    for s in a.sets:
+        name, _, n = s.partition(":")
+        if not n.isdigit() or int(n) < 1:
+            raise SystemExit(f"error: --sets {s!r}: expected NAME:N with N >= 1")
+        sets.append((name, int(n)))
+    if a.max_new < 1:
+        raise SystemExit("error: --max-new must be >= 1")
+    if not VPY.exists():
+        raise SystemExit("error: no .venv-vllm (run `make vllm`)")
+    from switchsd.eval.datasets import load_prompts
+    from switchsd.models.loading import default_model_folder
+    model = str(default_model_folder())
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = {name: [r["prompt"] for r in load_prompts(name, limit=n)] for name, n in sets}
+    procs = {m: (start(m, a.k, a.port + i, model, out), a.port + i) for i, m in enumerate(methods)}
+    result = {"methods": methods, "max_new": a.max_new, "k": a.k, "sets": {}}
+    try:
+        wait(procs, out)
+        for m, (_, port) in procs.items():               # one short request each before timing
+            post(port, "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "Hi"}],
+                                                 "max_tokens": 8, "temperature": 0})
+        for name, ps in prompts.items():
+            rows = []
+            for i, p in enumerate(ps):
+                row = {}
+                for m in (methods if i % 4 in (0, 3) else methods[::-1]):          # ABBA over prompts
+                    body = {"model": model, "messages": [{"role": "user", "content": p}], "max_tokens": a.max_new,
+                            "temperature": 0, "seed": 0}
+                    t = time.perf_counter()
+                    r = post(procs[m][1], "/v1/chat/completions", body)
+                    row[m] = {"s": time.perf_counter() - t, "tokens": r["usage"]["completion_tokens"],
+                              "text": r["choices"][0]["message"]["content"]}
+                rows.append(row)
+                print(f"{name} {i + 1}/{len(ps)}: " + ", ".join(
+                    f"{m} {row[m]['tokens'] / row[m]['s']:.1f} tok/s" for m in methods), flush=True)
+            A, B = methods
+            ta, tb = [r[A]["s"] for r in rows], [r[B]["s"] for r in rows]
+            tok = {m: sum(r[m]["tokens"] for r in rows) for m in methods}
+            lo, hi = ratio_interval(ta, tb)
+            result["sets"][name] = {
+                "n": len(rows), "tok_s": {A: tok[A] / sum(ta), B: tok[B] / sum(tb)},
+                "ratio": (tok[B] / sum(tb)) / (tok[A] / sum(ta)), "ratio_90": [lo, hi],
+                "identical": sum(r[A]["text"] == r[B]["text"] for r in rows), "requests": rows}
+    finally:
+        for p, _ in procs.values():
+            p.terminate()
+        for p, _ in procs.values():
+            p.wait(timeout=60)
+    for m in methods:                                     # the proposers' last counts (SWITCHSD_VLLM_COUNTS)
+        f = out / f"{m}.counts.json"
+        if f.exists():
+            result.setdefault("counts", {})[m] = json.loads(f.read_text())
+    (out / "pair.json").write_text(json.dumps(result, indent=1))
+    A, B = methods
+    print(f"| set | {A} tok/s | {B} tok/s | {B} / {A} (90% interval over prompts) | same text |")
+    print("|---|---|---|---|---|")
+    for name, r in result["sets"].items():
+        print(f"| {name} {r['n']} | {r['tok_s'][A]:.1f} | {r['tok_s'][B]:.1f} | {r['ratio']:.3f}x "
+              f"({r['ratio_90'][0]:.3f}-{r['ratio_90'][1]:.3f}) | {r['identical']}/{r['n']} |")
+
+
+if __name__ == "__main__":
+    main()
