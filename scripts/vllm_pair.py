@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     prompts = {name: [r["prompt"] for r in load_prompts(name, limit=n)] for name, n in sets}
+    (out / "prompts").mkdir(exist_ok=True)                # what scripts/vllm_replay.py reads back
+    for name, ps in prompts.items():
+        (out / "prompts" / f"{name}.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ps))
     procs = {m: (start(m, a.k, a.port + i, model, out), a.port + i) for i, m in enumerate(methods)}
     result = {"methods": methods, "max_new": a.max_new, "k": a.k, "sets": {}}
     try:

@@ -1,8 +1,11 @@
 """SwitchSD inside vLLM (its own environment: `make vllm` builds .venv-vllm with vLLM's CPU build and this plugin).
 
     copy.py     the copy drafter as a vLLM `custom_class` proposer (`switchsd.vllm.copy.CopyProposer`)
-    gate.py     SwitchSD: vLLM's EAGLE-3 proposer with the probe AND kappa-gram gate (SWITCHSD_VLLM_GATE=PROBE)
+    gate.py     SwitchSD: vLLM's EAGLE-3 proposer behind the gate (SWITCHSD_VLLM_GATE=PROBE)
+    costs.py    the gate's cost rule: acceptance by draft position and step time by rows, measured while serving
+    methods.py  the speculative methods the benchmarks serve, as vLLM's --speculative-config
     check.py    vLLM loads the plugin; greedy outputs with the copy proposer equal vLLM's without speculation
+    cli.py      vLLM's own command line for the CPU build
 
 `register()` is the `vllm.general_plugins` entry point (pyproject.toml): vLLM calls it in every process it starts.
 It checks that the running vLLM is the version the plugin was written against (it reads vLLM internals that move
