@@ -69,9 +69,10 @@ for m in ${METHODS//,/ }; do
     for c in $CONC; do
       res="$m/$ds-c$c.json"
       [ -f "$OUT/$res" ] && continue
-      # suffix decoding caches every request's output across requests: each run starts from an empty cache,
-      # or a run would draft the answers the previous run (same prompts) wrote
-      [ "$m" = suffix ] && [ "${served:-0}" = 1 ] && { stop; start "$m"; }
+      # suffix decoding's tree and the SwitchSD gate's back-off counts keep every request's output across
+      # requests: each run starts from an empty cache, or a run would draft the answers the previous run (same
+      # prompts, another concurrency) wrote
+      case $m in suffix|switchsd) [ "${served:-0}" = 1 ] && { stop; start "$m"; } ;; esac
       served=1
       echo "== $m $ds concurrency $c"
       cp "$OUT/$m/counts.json" "$OUT/$m/$ds-c$c.counts-before.json" 2>/dev/null || true
