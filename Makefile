@@ -54,7 +54,8 @@ vllm: setup          ## vLLM's own environment with the SwitchSD plugin (.venv-v
 
 # vLLM's OpenAI-compatible server on 127.0.0.1:8000 with SwitchSD speculation: VLLM_METHOD=switchsd (the gate
 # between copy chains and vLLM's EAGLE-3 with the shipped head) or any method of switchsd/vllm/methods.py (copy:
-# the copy drafter alone); VLLM_K: the draft cap (empty: the method's default)
+# the copy drafter alone); VLLM_K: the draft cap (empty: the method's default). Eager: the shipped probe reads
+# layer 19 through a forward hook, which compiled graphs do not run (a probe on a layer EAGLE-3 captures does not need it)
 VLLM_METHOD ?= switchsd
 VLLM_K ?=
 vllm-serve: vllm
@@ -62,7 +63,7 @@ vllm-serve: vllm
 	SWITCHSD_VLLM_GATE=$(if $(filter switchsd,$(VLLM_METHOD)),probes/smollm2-135m-instruct.safetensors) \
 	LD_PRELOAD="$$(ls $(CURDIR)/.venv-vllm/lib/libiomp5.so 2>/dev/null)" .venv-vllm/bin/python -m switchsd.vllm.cli serve \
 	  "$$(.venv/bin/python -c 'from switchsd.models.loading import default_model_folder as f; print(f())')" \
-	  --host 127.0.0.1 --port 8000 --dtype float32 --max-model-len 4096 --gpu-memory-utilization 0.3 \
+	  --host 127.0.0.1 --port 8000 --dtype float32 --max-model-len 4096 --gpu-memory-utilization 0.3 --enforce-eager \
 	  $${spec:+--speculative-config "$$spec"}
 
 clean:

@@ -300,6 +300,10 @@ def install(probe_path: str) -> None:
                             "padded drafter batch (drop disable_padded_drafter_batch)")
         hf = self.vllm_config.model_config.hf_config
         probe = load_gate_probe(probe_path, int(hf.hidden_size), int(hf.num_hidden_layers))
+        if probe.sublayer == "attn" and not getattr(self.vllm_config.model_config, "enforce_eager", True):
+            raise GateError(f"{probe_path}: an 'attn' probe reads layer {probe.layer} through a forward hook, which "
+                            f"vLLM's compiled graphs do not run: serve with --enforce-eager, or use a probe on a "
+                            f"layer EAGLE-3 captures ('mlp')")
         self._switchsd_gate = Gate(probe, target_model, self.vllm_config.scheduler_config.max_num_batched_tokens,
                                    env_int("SWITCHSD_KAPPA", KAPPA), env_int("SWITCHSD_NEURAL_K", NEURAL_K),
                                    env_int("SWITCHSD_NEURAL_MAX_BATCH", NEURAL_MAX_BATCH),
