@@ -43,6 +43,7 @@ start() {            # the server for method $1, ready to answer
   sc=$(spec_of "$1") || exit 2
   [ -n "$sc" ] && args=(--speculative-config "$sc")
   [ "$1" = switchsd ] && gate=$PROBE
+  rm -f "$OUT/$1/counts.json"          # a new server counts from zero: no earlier server's counts as "before"
   SWITCHSD_VLLM_GATE=$gate SWITCHSD_VLLM_COUNTS="$OUT/$1/counts.json" $VLLM serve "$MODEL" \
     --host 127.0.0.1 --port "$PORT" --dtype float32 --max-model-len 4096 --seed 0 --enforce-eager \
     --gpu-memory-utilization 0.3 "${args[@]}" >> "$OUT/$1/server.log" 2>&1 &
