@@ -56,12 +56,11 @@ def main(argv=None) -> None:
     from switchsd.vllm import check_internals
     from switchsd.vllm.copy import CopyProposer
     from switchsd.vllm.gate import Gate
+    from switchsd.vllm.methods import speculative_config
 
     loaded = any(e.value == "switchsd.vllm:register" for e in entry_points(group="vllm.general_plugins"))
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
-    specs = {"none": None,
-             "copy": {"method": "custom_class", "model": "switchsd.vllm.copy.CopyProposer", "num_speculative_tokens": a.k},
-             "switchsd": {"method": "eagle3", "model": a.head, "num_speculative_tokens": a.k}}
+    specs = {m: speculative_config(m, a.k, a.head) for m in ("none", "copy", "switchsd")}
     outs = {}
     for name in ["none"] + [m for m in a.methods.split(",") if m]:
         spec = specs[name]

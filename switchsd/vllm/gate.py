@@ -174,7 +174,7 @@ class Gate:
                 chain, match = self.backoff.chain(req_ids[i], seqs[i], k)
                 backed_off = bool(chain)
             loop = "r" if chain and not backed_off and len(chain) > gap else ""     # a chain that repeats itself
-            chain_found = chain
+            had_chain = bool(chain)
             tag = f"copy:{'high' if high else 'low'}:{min(match, self.kappa)}{loop}"
             if not neural_on:
                 path = "copy" if chain else "none"
@@ -185,7 +185,7 @@ class Gate:
                 path, chain = ("neural", []) if n is None else ("copy" if n else "none", chain[:n])
             self.counts["steps"] += 1
             self.counts[path] += 1
-            self.counts["none_chain"] += path == "none" and bool(chain_found)
+            self.counts["none_chain"] += path == "none" and had_chain
             if path == "copy":
                 self.counts["copy_tokens"] += len(chain)
                 self.counts["copy_backoff"] += backed_off
