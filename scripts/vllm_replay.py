@@ -3,23 +3,29 @@
 `CopyCounts` back-off, the cost rule's choice of length with a fixed step-time line), token by token: a draft is
 accepted up to its first token that differs from the output, then the output's next token is committed. Counts
 steps, drafted and accepted tokens, and tokens per second under the line (no probe: the copy path's record is
-not split by the probe here, and EAGLE-3 is left out). Runs in vLLM's environment (arctic-inference).
+not split by the probe here, and EAGLE-3 is left out). With --probe, also the whole gate (`Gate.plan`, the cost
+rule, the copy path's record split by the probe as served) with the probe's logit at every position, read by the
+gate's own hook in one vLLM prefill of each prompt and its output (EAGLE-3 still left out). Runs in vLLM's
+environment (arctic-inference).
 
-    .venv-vllm/bin/python scripts/vllm_replay.py runs/vllm-pair/pair.json --k 5 8 --step-ms 55 --row-ms 3
+    .venv-vllm/bin/python scripts/vllm_replay.py runs/vllm-pair/pair.json --k 5 8 --step-ms 55 --row-ms 3 [--probe]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from switchsd.vllm.copy import KAPPA, CopyCounts, copy_match  # noqa: E402
+from switchsd.vllm.copy import KAPPA, CopyCounts, copy_path  # noqa: E402
 from switchsd.vllm.costs import PathCosts  # noqa: E402
 
 
@@ -52,17 +58,55 @@ def copy_proposer(k: int, step_s, kappa: int = KAPPA):
         if rid in previous and last is not None:
             costs.credit(previous.pop(rid), *last)
         counts.add(rid, ctx, prompt_len)
-        chain, gap, _ = copy_match(ctx, kappa, k)
-        match, backed_off = kappa, False
-        if not chain:
-            chain, match = counts.chain(rid, ctx, k)
-            backed_off = bool(chain)
-        tag = f"copy:x:{min(match, kappa)}{'r' if chain and not backed_off and len(chain) > gap else ''}"
+        chain, key, _ = copy_path(ctx, rid, kappa, k, counts)
+        tag = f"copy:x:{key}"
         chain = chain[:costs.choose(tag, len(chain), 0)]
         if chain:
             previous[rid] = tag
         return chain
     return propose
+
+
+def gate_proposer(k: int, step_s, logits: list[list[float]], tau: float):
+    """The served gate's plan (cost rule, EAGLE-3 left out), the probe read from `logits` (request, position)."""
+    import torch
+
+    from switchsd.vllm.gate import Gate
+    probe = SimpleNamespace(weight=torch.zeros(1), tau=tau, layer=0, sublayer="mlp")   # scores come from `logits`
+    gate = Gate(probe, None, 1, neural_k=0)
+    for rows in range(1, k + 2):
+        gate.costs.time[(False, rows)] = [step_s(rows), 1]
+
+    def propose(rid: str, ctx: np.ndarray, prompt_len: int, last: tuple[int, int] | None = None) -> list[int]:
+        score = 1 / (1 + math.exp(-logits[int(rid)][len(ctx) - 2]))    # the last verified token's state
+        gate.last_call = None                                             # replayed steps take no time
+        rows, acc = ([1 + last[0]], [last[1]]) if last else ([1], [0])
+        plan, _ = gate.plan([score], [ctx], [rid], k, [True], rows, acc, [prompt_len])
+        return plan[0] or []
+    return propose
+
+
+def probe_logits(model: str, probe: str, requests: list[tuple[list[int], list[int]]]) -> tuple[list[list[float]], float]:
+    """The probe's logit at every position of each prompt + output, as the served gate's hook reads it (one prefill
+    per request, prefix caching off so that every position is computed), and its threshold."""
+    from switchsd.vllm.gate import ENV
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")       # one process: the gate is read back here
+    os.environ[ENV] = probe
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from switchsd.vllm.gate import Gate
+    from switchsd.vllm.methods import speculative_config
+    longest = max(len(p) + len(o) for p, o in requests) + 8
+    llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=longest, seed=0,
+              max_num_batched_tokens=longest, enable_prefix_caching=False, gpu_memory_utilization=0.1,
+              speculative_config=speculative_config("switchsd"))
+    out = []
+    for prompt, output in requests:
+        ids = prompt + output
+        llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+        out.append(Gate._last.logits[:len(ids)].tolist())
+    return out, float(Gate._last.tau)
 
 
 def replay(requests: list[tuple[list[int], list[int]]], propose, step_s, feedback: bool) -> dict:
@@ -90,13 +134,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--k", type=int, nargs="+", default=[5, 8], help="draft caps to replay")
     ap.add_argument("--step-ms", type=float, default=55.0, help="a step verifying no draft")
     ap.add_argument("--row-ms", type=float, default=3.0, help="what each drafted row adds")
+    ap.add_argument("--probe", nargs="?", const="", default=None, metavar="SAFETENSORS",
+                    help="also replay the whole gate with this probe (default: the shipped one)")
     a = ap.parse_args(argv)
     if min(a.k) < 1 or a.step_ms <= 0 or a.row_ms < 0:
         raise SystemExit("error: --k >= 1, --step-ms > 0, --row-ms >= 0")
     from transformers import AutoTokenizer
 
     from switchsd.vllm.check import default_model
-    from switchsd.vllm.methods import METHODS
+    from switchsd.vllm.methods import METHODS, PROBE
     pair = json.loads(Path(a.pair).read_text())
     tok = AutoTokenizer.from_pretrained(default_model())
     prompts_dir = Path(a.pair).parent / "prompts"
@@ -105,19 +151,31 @@ def main(argv: list[str] | None = None) -> None:
     def step_s(rows: int) -> float:
         return (a.step_ms + a.row_ms * (rows - 1)) / 1000
 
-    print("| set | drafter | k | steps | drafted | accepted | tokens / step | tok/s under the line |")
-    print("|---|---|---|---|---|---|---|---|")
+    sets = {}
     for name, res in pair["sets"].items():
         texts = [r[method]["text"] for r in res["requests"]]
         prompts = [json.loads(line)["prompt"] for line in (prompts_dir / f"{name}.jsonl").read_text().splitlines()]
-        requests = []
+        sets[name] = []
         for p, t in zip(prompts, texts):
             ids = tok.apply_chat_template([{"role": "user", "content": p}], tokenize=True, add_generation_prompt=True)
             ids = list(ids["input_ids"] if not isinstance(ids, list) else ids)
-            requests.append((ids, tok.encode(t, add_special_tokens=False)[:pair["max_new"]]))
+            sets[name].append((ids, tok.encode(t, add_special_tokens=False)[:pair["max_new"]]))
+    logits, tau = {}, 0.5
+    if a.probe is not None:
+        flat, tau = probe_logits(default_model(), a.probe or str(ROOT / PROBE), [r for v in sets.values() for r in v])
+        for name, requests in sets.items():
+            logits[name], flat = flat[:len(requests)], flat[len(requests):]
+
+    print("| set | drafter | k | steps | drafted | accepted | tokens / step | tok/s under the line |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, requests in sets.items():
         for k in [None] + a.k:
-            for label, prop, feedback in (("suffix", suffix_proposer(k), False),) + (
-                    (("gate copy path", copy_proposer(k, step_s), True),) if k is not None else ()):
+            rows = (("suffix", suffix_proposer(k), False),)
+            if k is not None:
+                rows += (("gate copy path", copy_proposer(k, step_s), True),)
+                if name in logits:
+                    rows += (("gate with the probe", gate_proposer(k, step_s, logits[name], tau), True),)
+            for label, prop, feedback in rows:
                 r = replay(requests, prop, step_s, feedback)
                 print(f"| {name} {len(requests)} | {label} | {k or 'default (24)'} | {r['steps']} | {r['drafted']} | "
                       f"{r['accepted']} | {r['tokens_per_step']:.3f} | {r['tok_s']:.2f} |", flush=True)

@@ -51,7 +51,8 @@ def paths(c: dict | None, acceptance_length: float | None = None) -> str:
         share = 100 * c["gate_s"] / max(1e-9, c["period_s"])
         note = f" (gate counts {own:.2f} tokens per draft)" if acceptance_length and \
             abs(own - acceptance_length) > 0.02 * acceptance_length else ""
-        none = f", none {100 * c.get('none', 0) / s:.0f}%" if c.get("none") else ""
+        priced_out = f" ({100 * c['none_chain'] / s:.0f}% with a chain priced out)" if c.get("none_chain") else ""
+        none = f", none {100 * c.get('none', 0) / s:.0f}%{priced_out}" if c.get("none") else ""
         memory = f", {100 * c['copy_backoff'] / max(1, c['copy']):.0f}% of them backed off" \
             if c.get("copy_backoff") else ""
         return (f"copy {100 * c['copy'] / s:.0f}% (MAL {mal['copy']:.2f}{memory}), neural {100 * c['neural'] / s:.0f}% "

@@ -244,7 +244,7 @@ def test_the_cost_rule_drafts_what_is_expected_to_emit_the_most_tokens_per_secon
 
 
 def test_path_costs_measure_step_times_by_kind_and_rows_and_acceptance_by_position():
-    c = PathCosts(max_len=4)
+    c = PathCosts(max_len=4, half_life=None)
     c.credit("copy:high:3", 4, 2)                  # 4 verified, the first 2 accepted
     c.credit("copy:high:3", 2, 2)
     assert list(c.reach["copy:high:3"][1:]) == [2, 2, 1, 1] and list(c.hit["copy:high:3"][1:]) == [2, 2, 0, 0]
@@ -253,6 +253,21 @@ def test_path_costs_measure_step_times_by_kind_and_rows_and_acceptance_by_positi
     c.step(0.08)
     c.step(5.0)                                    # nothing planned since: not counted
     assert c.step_time(False, 3) == 0.08 and c.step_time(False, 6) == 0.08 and c.step_time(True, 4) == 0.08
+
+
+def test_a_path_that_missed_on_the_first_requests_is_tried_again_once_its_record_has_aged():
+    """Greedy choice alone never revisits a path that looked poor early (a warm-up request's 8 EAGLE-3 drafts
+    decided a whole run); the record forgets, by half-lives of drafts verified, so it drifts back to its prior."""
+    for half_life, tried_again in ((None, False), (50, True)):
+        c = PathCosts(half_life=half_life)
+        c.time = {(False, 1): [0.055, 1], (False, 2): [0.058, 1], (True, 4): [0.0767, 1]}
+        for _ in range(8):
+            c.credit("neural", 3, 0)                 # EAGLE-3 missed every token of its first 8 drafts
+        assert c.choose("copy:low:3", 0, 3) == 0      # no chain: no draft rather than EAGLE-3
+        for _ in range(500):
+            c.credit("copy:low:3", 1, 1)              # the server goes on copying
+        assert (c.choose("copy:low:3", 0, 3) is None) == tried_again, half_life
+        assert c.rates("copy:low:3", 1)[0] > 0.98     # the path in use keeps its record
 
 
 def test_one_noisy_row_count_does_not_price_itself_out_of_being_drafted():

@@ -108,6 +108,21 @@ def copy_match(context: np.ndarray, kappa: int, k: int, max_match: int = MAX_MAT
     return chain, gap, kappa + int(longer[best])
 
 
+def copy_path(seq: np.ndarray, req_id: str, kappa: int, k: int,
+              counts: "CopyCounts | None") -> tuple[list[int], str, bool]:
+    """A request's copy chain and the key of its record: (<= k tokens, key, from the counts?). The chain follows
+    the kappa-gram's earlier occurrence (`copy_match`), else the longest context the counts saw continued
+    (`CopyCounts.chain`; counts None: none). key: the match length, capped at kappa, "r" added where the chain
+    repeats itself (a loop): "3", "3r", "1"."""
+    chain, gap, _ = copy_match(seq, kappa, k)
+    match, backed_off = kappa, False
+    if not chain and counts is not None:
+        chain, match = counts.chain(req_id, seq, k)
+        backed_off = bool(chain)
+    loop = "r" if chain and not backed_off and len(chain) > gap else ""
+    return chain, f"{min(match, kappa)}{loop}", backed_off
+
+
 class CopyCounts:
     """Next-token counts after every n-gram (n = 1..max_n): each request's own (prompt and output) and one table
     shared by the requests' outputs. Where the kappa-gram never occurred before, the copy path drafts from them: the

@@ -12,28 +12,47 @@ class PathCosts:
     accepted. Per step (EAGLE-3 drafted or not, rows verified): its mean time, read through a line over the rows
     (`step_times`). `choose` takes, of a copy chain's
     lengths, EAGLE-3's draft and no draft, the one with the most expected tokens per second: (1 + the summed
-    acceptance rates of its positions) / its step's time. Priors (PRIOR_N pseudo-drafts at PRIOR) until measured."""
+    acceptance rates of its positions) / its step's time. Priors (PRIOR_N pseudo-drafts at PRIOR) until measured.
+    The acceptance record forgets: a draft's weight halves with every `half_life` drafts verified since (any path's),
+    so the record follows what the server is serving now, and a path that looked poor on the first requests and so
+    was never drafted again drifts back to its prior and is tried again (None: never forget)."""
     PRIOR = {"copy": 0.6, "neural": 0.4}
     PRIOR_N = 2
+    HALF_LIFE = 500
 
-    def __init__(self, max_len: int = 32):
+    def __init__(self, max_len: int = 32, half_life: float | None = HALF_LIFE):
         self.max_len = max_len
         self.reach: dict[str, np.ndarray] = {}     # tag -> [max_len + 1]: drafts whose j-th token was verified
         self.hit: dict[str, np.ndarray] = {}       # tag -> [max_len + 1]: ... and accepted
+        self.decay = 0.5 ** (1 / half_life) if half_life else 1.0     # each record's weight per draft verified
+        self.clock = 0                              # drafts verified so far (every path)
+        self.seen: dict[str, int] = {}             # tag -> the clock when its record was last brought up to date
         self.time: dict[tuple[bool, int], list[float]] = {}    # (EAGLE-3 drafted, rows) -> [seconds, steps]
         self.pending: tuple[bool, int] | None = None           # the last planned step's kind
 
     def credit(self, tag: str, verified: int, accepted: int) -> None:
+        self.clock += 1
         if tag not in self.reach:
             self.reach[tag], self.hit[tag] = np.zeros(self.max_len + 1), np.zeros(self.max_len + 1)
+        self._age(tag)
         self.reach[tag][1:verified + 1] += 1
         self.hit[tag][1:accepted + 1] += 1
+
+    def _age(self, tag: str) -> None:
+        """Bring tag's record up to the clock: its weights times decay ** (drafts verified since)."""
+        n = self.clock - self.seen.get(tag, self.clock)
+        if n and self.decay < 1.0:
+            f = self.decay ** n
+            self.reach[tag] *= f
+            self.hit[tag] *= f
+        self.seen[tag] = self.clock
 
     def rates(self, tag: str, n: int) -> np.ndarray:
         """[n]: the estimated acceptance rate of a draft's positions 1..n."""
         prior, m = self.PRIOR[tag.split(":")[0]], self.PRIOR_N
         if tag not in self.reach:
             return np.full(n, prior)
+        self._age(tag)
         return (self.hit[tag][1:n + 1] + prior * m) / (self.reach[tag][1:n + 1] + m)
 
     def planned(self, eagle: bool, rows: int) -> None:

@@ -16,7 +16,8 @@ the plugin (`switchsd.vllm.register`) wraps two methods of vLLM's `EagleProposer
   the longest context that its own tokens or the requests' outputs continued before (`copy.CopyCounts`). Rule
   "cost" (SWITCHSD_RULE, the default): per request, the copy chain cut to the length, EAGLE-3's draft, or no draft,
   whichever is expected to emit the most tokens per second from what each earned on this server (`PathCosts`:
-  acceptance by position per probe state and match length, loops apart; step times by rows verified); the probe's state is
+  acceptance by position per probe state and match length, loops apart, a draft's weight halving every 500 drafts
+  verified since, so a path that missed early is tried again; step times by rows verified); the probe's state is
   what splits the copy path's record. Rule "probe" (the paper's): copy when the probe fires AND the kappa-gram
   occurred before, else EAGLE-3. EAGLE-3 runs only for the requests that take it, and not at all when none does
   (its skipped positions stay out of its KV cache: fewer accepted later, never a wrong token). Above
@@ -38,7 +39,7 @@ import time
 import numpy as np
 import torch
 
-from .copy import KAPPA, LOGGER, CopyCounts, copy_match, write_counts
+from .copy import KAPPA, LOGGER, CopyCounts, copy_path, write_counts
 from .costs import PathCosts
 
 ENV = "SWITCHSD_VLLM_GATE"
@@ -168,14 +169,10 @@ class Gate:
             high = s >= self.tau
             if self.backoff is not None:
                 self.backoff.add(req_ids[i], seqs[i], prompt_lens[i] if prompt_lens is not None else len(seqs[i]))
-            chain, gap, _ = copy_match(seqs[i], self.kappa, k)
-            match, backed_off = self.kappa, False
-            if not chain and self.backoff is not None and (self.rule == "cost" or not neural_on):
-                chain, match = self.backoff.chain(req_ids[i], seqs[i], k)
-                backed_off = bool(chain)
-            loop = "r" if chain and not backed_off and len(chain) > gap else ""     # a chain that repeats itself
+            counts = self.backoff if self.rule == "cost" or not neural_on else None
+            chain, key, backed_off = copy_path(seqs[i], req_ids[i], self.kappa, k, counts)
             had_chain = bool(chain)
-            tag = f"copy:{'high' if high else 'low'}:{min(match, self.kappa)}{loop}"
+            tag = f"copy:{'high' if high else 'low'}:{key}"
             if not neural_on:
                 path = "copy" if chain else "none"
             elif self.rule == "probe":
@@ -270,10 +267,10 @@ def log(counts: dict) -> None:
     s, mal = max(1, counts["steps"]), mean_accepted(counts)
     init_logger(LOGGER).info(
         "SwitchSD gate: %d request-steps; copy %.1f%% (%.2f tokens drafted, %.2f accepted per draft); "
-        "neural %.1f%% (%.2f accepted per draft); none %.1f%%; EAGLE-3 skipped on %d of %d steps; "
-        "probe and gate %.1f%% of the step time", counts["steps"], 100 * counts["copy"] / s,
+        "neural %.1f%% (%.2f accepted per draft); none %.1f%% (%.1f%% though a chain was there); EAGLE-3 skipped "
+        "on %d of %d steps; probe and gate %.1f%% of the step time", counts["steps"], 100 * counts["copy"] / s,
         counts["copy_tokens"] / max(1, counts["copy"]), mal["copy"], 100 * counts["neural"] / s, mal["neural"],
-        100 * counts["none"] / s, counts["eagle_skipped"], counts["eagle_steps"] + counts["eagle_skipped"],
+        100 * counts["none"] / s, 100 * counts["none_chain"] / s, counts["eagle_skipped"], counts["eagle_steps"] + counts["eagle_skipped"],
         100 * counts["gate_s"] / max(1e-9, counts["period_s"]))
 
 
