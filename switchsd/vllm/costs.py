@@ -34,26 +34,25 @@ class PathCosts:
         self.clock += 1
         if tag not in self.reach:
             self.reach[tag], self.hit[tag] = np.zeros(self.max_len + 1), np.zeros(self.max_len + 1)
-        self._age(tag)
+        f = self._age(tag)
+        self.reach[tag] *= f
+        self.hit[tag] *= f
+        self.seen[tag] = self.clock
         self.reach[tag][1:verified + 1] += 1
         self.hit[tag][1:accepted + 1] += 1
 
-    def _age(self, tag: str) -> None:
-        """Bring tag's record up to the clock: its weights times decay ** (drafts verified since)."""
-        n = self.clock - self.seen.get(tag, self.clock)
-        if n and self.decay < 1.0:
-            f = self.decay ** n
-            self.reach[tag] *= f
-            self.hit[tag] *= f
-        self.seen[tag] = self.clock
+    def _age(self, tag: str) -> float:
+        """What tag's record weighs now: decay ** (drafts verified since it was last credited). Read-only, so the
+        counts file's thread may call it (`summary`)."""
+        return self.decay ** (self.clock - self.seen.get(tag, self.clock))
 
     def rates(self, tag: str, n: int) -> np.ndarray:
         """[n]: the estimated acceptance rate of a draft's positions 1..n."""
         prior, m = self.PRIOR[tag.split(":")[0]], self.PRIOR_N
         if tag not in self.reach:
             return np.full(n, prior)
-        self._age(tag)
-        return (self.hit[tag][1:n + 1] + prior * m) / (self.reach[tag][1:n + 1] + m)
+        f = self._age(tag)
+        return (f * self.hit[tag][1:n + 1] + prior * m) / (f * self.reach[tag][1:n + 1] + m)
 
     def planned(self, eagle: bool, rows: int) -> None:
         self.pending = (eagle, rows)
@@ -109,7 +108,9 @@ class PathCosts:
         return choice
 
     def summary(self) -> dict:
-        """Per tag: verified drafts and acceptance rates of positions 1..5; per step kind and rows: mean ms."""
-        return {"rates": {t: [int(self.reach[t][1])] + [round(x, 3) for x in self.rates(t, 5)] for t in sorted(self.reach)},
+        """Per tag: its verified drafts, weighted by age, and acceptance rates of positions 1..5; per step kind and
+        rows: mean ms."""
+        return {"rates": {t: [round(self._age(t) * float(self.reach[t][1]), 1)] + [round(x, 3) for x in self.rates(t, 5)]
+                          for t in sorted(self.reach)},
                 "step_ms": {f"{'eagle' if e else 'copy'}:{r}": round(1000 * v[0] / v[1], 1)
                             for (e, r), v in sorted(self.time.items())}}
