@@ -270,6 +270,33 @@ def test_a_path_that_missed_on_the_first_requests_is_tried_again_once_its_record
         assert c.rates("copy:low:3", 1)[0] > 0.98     # the path in use keeps its record
 
 
+def test_where_many_requests_share_a_step_only_drafts_likely_to_be_accepted_pay():
+    """Step time is a line over the rows of every request in the step (50 ms + 3 ms a row). Alone, a chain whose
+    tokens are accepted 30% of the time pays; beside 15 other requests it does not (each drafted row delays 16
+    requests' tokens for 0.3 of one), and one accepted 90% of the time still does."""
+    c = PathCosts(half_life=None)
+    c.time = {(False, r): [0.050 + 0.003 * r, 1] for r in (1, 2, 16, 32)}
+    for _ in range(100):
+        c.credit("copy:low:2", 3, 0)
+        c.credit("copy:high:2", 3, 3)
+    for _ in range(30):
+        c.credit("copy:low:2", 3, 3)               # low: 30% at every position
+    for _ in range(12):
+        c.credit("copy:high:2", 3, 0)              # high: ~90%
+    assert c.choose("copy:low:2", 3, 0) == 3 and c.choose("copy:low:2", 3, 0, others=15) == 0
+    assert c.choose("copy:high:2", 3, 0, others=15) == 3
+    from switchsd.core.probe import Probe
+    probe = Probe(torch.tensor([1.0, 0.0]), layer=1, sublayer="attn", tau=0.5)
+    gate = Gate(probe, _target(), max_tokens=64, kappa=2, neural_max_batch=0, rule="cost")     # copy or none
+    gate.costs = c
+    seqs = [np.array([4, 5, 6, 7, 4, 5])] * 16     # "4 5" occurred before: a chain 6 7 4 ... for each
+    ids = [f"r{i}" for i in range(16)]
+    plan, _ = gate.plan([0.05] * 16, seqs, ids, k=3, rows=[1] * 16, accepted=[0] * 16, prompt_lens=[2] * 16)
+    assert plan == [[]] * 16 and c.pending == (False, 16)            # low probe, 16 requests: no drafts
+    plan, _ = gate.plan([0.05], seqs[:1], ids[:1], k=3, rows=[1], accepted=[0], prompt_lens=[2])
+    assert plan == [[6, 7, 4]] and c.pending == (False, 4)           # alone: the chain pays
+
+
 def test_one_noisy_row_count_does_not_price_itself_out_of_being_drafted():
     c = PathCosts()
     c.time = {(False, 1): [5.0, 100], (False, 2): [0.2, 1], (False, 3): [5.6, 100]}   # 50 ms, one 200 ms, 56 ms

@@ -19,6 +19,7 @@ class PathCosts:
     PRIOR = {"copy": 0.6, "neural": 0.4}
     PRIOR_N = 2
     HALF_LIFE = 500
+    EMA = 0.05                  # the running means of a request's rows and tokens per step (`observe`)
 
     def __init__(self, max_len: int = 32, half_life: float | None = HALF_LIFE):
         self.max_len = max_len
@@ -26,7 +27,8 @@ class PathCosts:
         self.hit: dict[str, np.ndarray] = {}       # tag -> [max_len + 1]: ... and accepted
         self.decay = 0.5 ** (1 / half_life) if half_life else 1.0     # each record's weight per draft verified
         self.clock = 0                              # drafts verified so far (every path)
-        self.seen: dict[str, int] = {}             # tag -> the clock when its record was last brought up to date
+        self.seen: dict[str, int] = {}             # tag -> the clock when its record was last credited
+        self.rows_per_request, self.tokens_per_request = 1.0, 1.0      # per request and step, running means
         self.time: dict[tuple[bool, int], list[float]] = {}    # (EAGLE-3 drafted, rows) -> [seconds, steps]
         self.pending: tuple[bool, int] | None = None           # the last planned step's kind
 
@@ -54,8 +56,10 @@ class PathCosts:
         f = self._age(tag)
         return (f * self.hit[tag][1:n + 1] + prior * m) / (f * self.reach[tag][1:n + 1] + m)
 
-    def planned(self, eagle: bool, rows: int) -> None:
-        self.pending = (eagle, rows)
+    def planned(self, eagle: bool, rows: int | None) -> None:
+        """The next step's kind: EAGLE-3 drafted or not, every request's rows (None: a step not to time, a prompt
+        read in it)."""
+        self.pending = (eagle, rows) if rows is not None else None
 
     def step(self, seconds: float) -> None:
         """The time since the last plan: the step it planned (its drafting, the target forward verifying it)."""
@@ -95,15 +99,26 @@ class PathCosts:
             out.append(own[near] + slope * (r - near))
         return out
 
-    def choose(self, tag: str, chain: int, neural_k: int) -> int | None:
-        """How many of a copy chain's `chain` tokens to draft (0: no draft), or None: EAGLE-3's draft instead."""
-        times = self.step_times(False, list(range(1, chain + 2)))
-        best, choice = 1 / times[0], 0
-        gain = 1 + np.cumsum(self.rates(tag, chain)) if chain else []
+    def observe(self, requests: int, rows: int, tokens: int) -> None:
+        """A verified step: its requests, their rows in the target forward, the tokens they emitted."""
+        a = self.EMA
+        self.rows_per_request += a * (rows / requests - self.rows_per_request)
+        self.tokens_per_request += a * (tokens / requests - self.tokens_per_request)
+
+    def choose(self, tag: str, chain: int, neural_k: int, others: int = 0) -> int | None:
+        """How many of a copy chain's `chain` tokens to draft (0: no draft), or None: EAGLE-3's draft instead, for
+        one of `others` + 1 requests in a step. Every request's rows share the step, so a drafted row pays when it
+        raises the step's expected tokens per second: the other requests bring their usual rows and tokens
+        (`observe`), and where many requests share a step (compute-bound) only drafts likely to be accepted pay."""
+        rows0, tok0 = others * self.rows_per_request, others * self.tokens_per_request
+        times = self.step_times(False, [rows0 + 1 + n for n in range(chain + 1)])
+        best, choice = (tok0 + 1) / times[0], 0
+        gain = tok0 + 1 + np.cumsum(self.rates(tag, chain)) if chain else []
         for n, g in enumerate(gain, 1):
             if g / times[n] > best:
                 best, choice = g / times[n], n
-        if neural_k and (1 + self.rates("neural", neural_k).sum()) / self.step_time(True, neural_k + 1) > best:
+        if neural_k and (tok0 + 1 + self.rates("neural", neural_k).sum()) / \
+                self.step_time(True, rows0 + neural_k + 1) > best:
             return None
         return choice
 

@@ -17,7 +17,8 @@ the plugin (`switchsd.vllm.register`) wraps two methods of vLLM's `EagleProposer
   "cost" (SWITCHSD_RULE, the default): per request, the copy chain cut to the length, EAGLE-3's draft, or no draft,
   whichever is expected to emit the most tokens per second from what each earned on this server (`PathCosts`:
   acceptance by position per probe state and match length, loops apart, a draft's weight halving every 500 drafts
-  verified since, so a path that missed early is tried again; step times by rows verified); the probe's state is
+  verified since, so a path that missed early is tried again; step times by the rows of every request in the step,
+  so that where many requests share a step only drafts likely to be accepted pay); the probe's state is
   what splits the copy path's record. Rule "probe" (the paper's): copy when the probe fires AND the kappa-gram
   occurred before, else EAGLE-3. EAGLE-3 runs only for the requests that take it, and not at all when none does
   (its skipped positions stay out of its KV cache: fewer accepted later, never a wrong token). Above
@@ -143,7 +144,8 @@ class Gate:
         a request copies when the probe fires AND its kappa-gram occurred before. Rule "cost" (the default): the
         copy chain cut to the best length, EAGLE-3's draft or no draft, whichever is expected to emit the most
         tokens per second (`PathCosts.choose`: acceptance by draft position per path, probe state and match
-        length; step times by rows verified and by whether EAGLE-3 drafted). With more than `neural_max_batch`
+        length; step times by the step's rows, every request's, and by whether EAGLE-3 drafted; the other requests
+        in the step bring their usual rows and tokens). With more than `neural_max_batch`
         live requests EAGLE-3 does not run: a request copies wherever it has a chain. rows / accepted: each request's rows in this step's target
         forward and how many of its drafts were accepted; they credit the request's previous draft. prompt_lens:
         each request's prompt length (the shared counts hold outputs only; without them, none)."""
@@ -154,7 +156,12 @@ class Gate:
                 self.costs.step(t - self.last_call)
         self.last_call, self.last_ids = t, list(req_ids)
         live = live if live is not None else [True] * len(scores)
-        neural_on = sum(live) <= self.neural_max_batch
+        n_live = sum(live)
+        neural_on = n_live <= self.neural_max_batch
+        if rows is not None and accepted is not None:       # the step just verified, for `choose`: decoding rows only
+            step = [(r, a) for r, a, x in zip(rows, accepted, live) if x and r <= k + 1]
+            if step:
+                self.costs.observe(len(step), sum(r for r, _ in step), sum(1 + a for _, a in step))
         out: list[list[int] | None] = []
         for i, s in enumerate(scores):
             before = self.previous.pop(req_ids[i], None)
@@ -173,12 +180,10 @@ class Gate:
             chain, key, backed_off = copy_path(seqs[i], req_ids[i], self.kappa, k, counts)
             had_chain = bool(chain)
             tag = f"copy:{'high' if high else 'low'}:{key}"
-            if not neural_on:
-                path = "copy" if chain else "none"
-            elif self.rule == "probe":
-                path = "copy" if chain and high else "neural"
+            if self.rule == "probe":
+                path = ("copy" if chain and high else "neural") if neural_on else ("copy" if chain else "none")
             else:
-                n = self.costs.choose(tag, len(chain), min(self.neural_k, k))
+                n = self.costs.choose(tag, len(chain), min(self.neural_k, k) if neural_on else 0, n_live - 1)
                 path, chain = ("neural", []) if n is None else ("copy" if n else "none", chain[:n])
             self.counts["steps"] += 1
             self.counts[path] += 1
@@ -200,7 +205,8 @@ class Gate:
         # out of its own KV cache, which costs its later drafts some acceptance, never correctness
         eagle_k = min(self.neural_k, k) if neural_on and None in out else None
         self.counts["eagle_skipped" if eagle_k is None else "eagle_steps"] += 1
-        self.costs.planned(eagle_k is not None, 1 + max([eagle_k or 0] + [len(d) for d in out if d]))
+        total = sum(1 + (eagle_k or 0 if d is None else len(d)) for d, x in zip(out, live) if x)   # the step's rows
+        self.costs.planned(eagle_k is not None, total if all(live) else None)
         self.counts["gate_s"] += time.perf_counter() - t
         return out, eagle_k
 
