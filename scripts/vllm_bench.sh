@@ -70,10 +70,11 @@ for m in ${METHODS//,/ }; do
     for c in $CONC; do
       res="$m/$ds-c$c.json"
       [ -f "$OUT/$res" ] && continue
-      # suffix decoding's tree and the SwitchSD gate's back-off counts keep every request's output across
-      # requests: each run starts from an empty cache, or a run would draft the answers the previous run (same
-      # prompts, another concurrency) wrote
-      case $m in suffix|switchsd) [ "${served:-0}" = 1 ] && { stop; start "$m"; } ;; esac
+      # every run on a fresh server: suffix decoding's tree and the SwitchSD gate's back-off counts keep every
+      # request's output across requests (a run would draft the answers the previous run, same prompts, wrote),
+      # and a server that served the previous run starts warm (measured: a restarted server's first burst of 16
+      # requests waited ~2 s longer for its first tokens), so every method starts each run alike
+      [ "${served:-0}" = 1 ] && { stop; start "$m"; }
       served=1
       echo "== $m $ds concurrency $c"
       cp "$OUT/$m/counts.json" "$OUT/$m/$ds-c$c.counts-before.json" 2>/dev/null || true
