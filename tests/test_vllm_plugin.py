@@ -81,7 +81,7 @@ def test_each_method_is_served_at_its_default_draft_length_unless_one_is_given()
     from switchsd.vllm.methods import METHODS, main, speculative_config
     assert speculative_config("none") is None
     assert speculative_config("suffix") == {"method": "suffix"}                 # vLLM's own default (24)
-    assert speculative_config("switchsd")["num_speculative_tokens"] == 8
+    assert speculative_config("switchsd")["num_speculative_tokens"] == 16
     assert speculative_config("copy")["num_speculative_tokens"] == 5
     assert speculative_config("eagle3", 9)["num_speculative_tokens"] == 3      # fixed: k 3, the head's
     assert speculative_config("suffix", 5) == {"method": "suffix", "num_speculative_tokens": 5}

@@ -277,7 +277,7 @@ def log(counts: dict) -> None:
         "on %d of %d steps; probe and gate %.1f%% of the step time", counts["steps"], 100 * counts["copy"] / s,
         counts["copy_tokens"] / max(1, counts["copy"]), mal["copy"], 100 * counts["neural"] / s, mal["neural"],
         100 * counts["none"] / s, 100 * counts["none_chain"] / s, counts["eagle_skipped"], counts["eagle_steps"] + counts["eagle_skipped"],
-        100 * counts["gate_s"] / max(1e-9, counts["period_s"]))
+        100 * counts["gate_s"] / counts["period_s"] if counts["period_s"] else 0.0)     # 0: nothing timed (a replay)
 
 
 def install(probe_path: str) -> None:
