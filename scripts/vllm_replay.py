@@ -1,7 +1,8 @@
 """Draft quality without a model: replay the greedy outputs of a `scripts/vllm_pair.py` run through suffix decoding
-(Arctic Inference's cache, vLLM's settings) and through the SwitchSD gate's copy path (`copy_match`, the
-`CopyCounts` back-off, the cost rule's choice of length with a fixed step-time line), token by token: a draft is
-accepted up to its first token that differs from the output, then the output's next token is committed. Counts
+(Arctic Inference's cache, vLLM's settings) and through the SwitchSD gate's copy path (`Gate.plan` with EAGLE-3 left
+out: `copy_match`, the `CopyCounts` back-off, the cost rule's choice of length with a fixed step-time line), token
+by token: a draft is accepted up to its first token that differs from the output, then the output's next token is
+committed. Counts
 steps, drafted and accepted tokens, and tokens per second under the line (no probe: the copy path's record is
 not split by the probe here, and EAGLE-3 is left out). With --probe, also the whole gate (`Gate.plan`, the cost
 rule, the copy path's record split by the probe as served) with the probe's logit at every position, read by the
@@ -25,8 +26,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from switchsd.vllm.copy import KAPPA, CopyCounts, copy_path  # noqa: E402
-from switchsd.vllm.costs import PathCosts  # noqa: E402
 
 
 def suffix_proposer(k: int | None, depth: int = 24):
@@ -49,26 +48,9 @@ def suffix_proposer(k: int | None, depth: int = 24):
     return propose
 
 
-def copy_proposer(k: int, step_s, kappa: int = KAPPA):
-    counts, costs, previous = CopyCounts(), PathCosts(), {}
-    for rows in range(1, k + 2):
-        costs.time[(False, rows)] = [step_s(rows), 1]
-
-    def propose(rid: str, ctx: np.ndarray, prompt_len: int, last: tuple[int, int] | None = None) -> list[int]:
-        if rid in previous and last is not None:
-            costs.credit(previous.pop(rid), *last)
-        counts.add(rid, ctx, prompt_len)
-        chain, key, _ = copy_path(ctx, rid, kappa, k, counts)
-        tag = f"copy:x:{key}"
-        chain = chain[:costs.choose(tag, len(chain), 0)]
-        if chain:
-            previous[rid] = tag
-        return chain
-    return propose
-
-
-def gate_proposer(k: int, step_s, logits: list[list[float]], tau: float):
-    """The served gate's plan (cost rule, EAGLE-3 left out), the probe read from `logits` (request, position)."""
+def gate_proposer(k: int, step_s, logits: list[list[float]] | None = None, tau: float = 0.5):
+    """The served gate's plan (cost rule, EAGLE-3 left out), the probe read from `logits` (request, position);
+    without logits every step scores 0, so the copy path's record is not split by the probe (the "copy path")."""
     import torch
 
     from switchsd.vllm.gate import Gate
@@ -78,7 +60,7 @@ def gate_proposer(k: int, step_s, logits: list[list[float]], tau: float):
         gate.costs.time[(False, rows)] = [step_s(rows), 1]
 
     def propose(rid: str, ctx: np.ndarray, prompt_len: int, last: tuple[int, int] | None = None) -> list[int]:
-        score = 1 / (1 + math.exp(-logits[int(rid)][len(ctx) - 2]))    # the last verified token's state
+        score = 1 / (1 + math.exp(-logits[int(rid)][len(ctx) - 2])) if logits else 0.0   # the last verified token
         gate.last_call = None                                             # replayed steps take no time
         rows, acc = ([1 + last[0]], [last[1]]) if last else ([1], [0])
         plan, _ = gate.plan([score], [ctx], [rid], k, [True], rows, acc, [prompt_len])
@@ -172,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         for k in [None] + a.k:
             rows = (("suffix", suffix_proposer(k), False),)
             if k is not None:
-                rows += (("gate copy path", copy_proposer(k, step_s), True),)
+                rows += (("gate copy path", gate_proposer(k, step_s), True),)
                 if name in logits:
                     rows += (("gate with the probe", gate_proposer(k, step_s, logits[name], tau), True),)
             for label, prop, feedback in rows:
