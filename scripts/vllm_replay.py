@@ -57,7 +57,7 @@ def gate_proposer(k: int, step_s, logits: list[list[float]] | None = None, tau: 
     probe = SimpleNamespace(weight=torch.zeros(1), tau=tau, layer=0, sublayer="mlp")   # scores come from `logits`
     gate = Gate(probe, None, 1, neural_k=0)
     for rows in range(1, k + 2):
-        gate.costs.time[(False, rows)] = [step_s(rows), 1]
+        gate.costs.set_time(False, rows, step_s(rows))
 
     def propose(rid: str, ctx: np.ndarray, prompt_len: int, last: tuple[int, int] | None = None) -> list[int]:
         score = 1 / (1 + math.exp(-logits[int(rid)][len(ctx) - 2])) if logits else 0.0   # the last verified token

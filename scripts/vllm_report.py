@@ -1,13 +1,17 @@
 """Tables from `scripts/vllm_bench.sh`'s results: per set, every method at each concurrency: output tok/s (and x
 `none` at that concurrency), TPOT and TTFT p50 / p90, vLLM's acceptance length, requests whose text equals `none`'s,
-and for the proposers of this project their per-path counts over that run.
+and for the proposers of this project their per-path counts over that run. Where a method's text differs from
+`none`'s, the first differing token (both texts re-encoded) is named with its float32 logit margin, from the model
+re-scoring the shared prefix (`switchsd.eval.mismatch.explain`): a margin near zero is a near-tie that vLLM's
+batched kernels may break either way, a large one a decoding error.
 
-    python scripts/vllm_report.py runs/vllm [--markdown OUT.md]
+    python scripts/vllm_report.py runs/vllm [--markdown OUT.md] [--model FOLDER]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 from pathlib import Path
 
@@ -114,10 +118,76 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
+def differing(res: dict) -> list[tuple[str, str, int, int]]:
+    """(method, set, concurrency, request index) of every text that differs from `none`'s at that set and
+    concurrency (requests in the order vLLM's client sent them)."""
+    out = []
+    for (m, ds, c), r in sorted(res.items()):
+        base = res.get(("none", ds, c))
+        if m == "none" or base is None or "generated_texts" not in r:
+            continue
+        out += [(m, ds, c, i) for i, (u, v) in enumerate(zip(r["generated_texts"], base["generated_texts"])) if u != v]
+    return out
+
+
+def sent_prompts(run: Path, ds: str, seed: int = 0) -> list[str]:
+    """The set's prompts in the order `vllm bench serve --dataset-name custom --seed SEED` sends them: the file's
+    lines shuffled by Python's random seeded with SEED (vLLM's CustomDataset.load_data)."""
+    data = [json.loads(line)["prompt"] for line in (run / "prompts" / f"{ds}.jsonl").read_text().splitlines() if line]
+    random.Random(seed).shuffle(data)
+    return data
+
+
+def explain_differences(res: dict, run: Path, lm) -> list[dict]:
+    """For each text that differs from `none`'s: where it parts and the float32 margin there (lm: the served model
+    in float32, a `switchsd.models.loading.LoadedModel`). The prompt is checked against the request's input length
+    (vLLM applied the same chat template), so a wrong prompt order is reported, never rescored."""
+    from switchsd.eval.mismatch import explain
+    out = []
+    for m, ds, c, i in differing(res):
+        r, base = res[(m, ds, c)], res[("none", ds, c)]
+        prompt = sent_prompts(run, ds)[i]
+        ids = lm.encode(prompt, chat=True)
+        item = {"method": m, "set": ds, "concurrency": c, "request": i}
+        if "input_lens" in r and len(ids) != r["input_lens"][i]:
+            out.append({**item, "kind": "unmatched", "why": f"prompt of {len(ids)} tokens, request of "
+                                                              f"{r['input_lens'][i]}"})
+            continue
+        van, oth = (_encode(lm, t[i]) for t in (base["generated_texts"], r["generated_texts"]))
+        x = explain(lm.model, ids, van, oth) or {"kind": "re-encoded alike"}
+        if x.get("kind") == "token":
+            x["tokens"] = [lm.tokenizer.decode([x["vanilla_token"]]), lm.tokenizer.decode([x["other_token"]])]
+        out.append({**item, **x})
+    return out
+
+
+def _encode(lm, text: str) -> list[int]:
+    return [int(t) for t in lm.tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
+def differences_text(items: list[dict]) -> str:
+    if not items:
+        return "Every text equals `none`'s."
+    lines = [f"{len(items)} text(s) differ from `none`'s. At the first differing token, the float32 logits of "
+             "`none`'s token less the method's (a margin near zero: a near-tie):", ""]
+    for x in items:
+        head = f"- {x['method']} / {x['set']} c{x['concurrency']} / request {x['request']}: "
+        if x["kind"] == "token":
+            lines.append(head + f"token {x['position']} ({x['tokens'][0]!r} vs {x['tokens'][1]!r}), margin "
+                         f"{x['fp32_margin']:+.4f}, float32 top-2 gap {x['fp32_top2_gap']:.4f}")
+        elif x["kind"] == "length":
+            lines.append(head + f"one ends first ({x['vanilla_len']} vs {x['other_len']} tokens)")
+        else:
+            lines.append(head + x.get("why", x["kind"]))
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path)
     ap.add_argument("--markdown", type=Path)
+    ap.add_argument("--model", default=None, help="the served model, to explain texts that differ from none's "
+                                                  "(default: the offline default)")
     a = ap.parse_args(argv)
     res = load(a.run)
     if not res:
@@ -125,6 +195,10 @@ def main(argv=None) -> None:
     sets = sorted({d for (_, d, _) in res}, key=lambda d: SETS.index(d) if d in SETS else 99)
     text = ("Output tok/s (x none at the same concurrency):\n\n" + summary(res) + "\n\n"
             + "\n\n".join(table(res, ds) for ds in sets) + "\n")
+    if differing(res):
+        from switchsd.models.loading import load_model
+        text += "\n### Texts that differ from none's\n\n" + differences_text(
+            explain_differences(res, a.run, load_model(a.model, dtype="float32", device="cpu"))) + "\n"
     print(text)
     if a.markdown:
         a.markdown.write_text(text)

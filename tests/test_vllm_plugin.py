@@ -77,7 +77,7 @@ def test_copy_chain_drafts_a_loop_to_full_depth_and_prefers_the_longer_context()
     assert copy_match(ctx, 3, 1) == ([4], 11, 4)           # the earlier one, whose "5" matches too: 4 tokens
 
 
-def test_each_method_is_served_at_its_default_draft_length_unless_one_is_given():
+def test_each_method_is_served_at_its_default_draft_length_unless_one_is_given(capsys):
     from switchsd.vllm.methods import METHODS, main, speculative_config
     assert speculative_config("none") is None
     assert speculative_config("suffix") == {"method": "suffix"}                 # vLLM's own default (24)
@@ -90,6 +90,9 @@ def test_each_method_is_served_at_its_default_draft_length_unless_one_is_given()
         speculative_config("medusa")
     with pytest.raises(SystemExit, match="draft length 0"):
         main(["copy", "0"])
+    main(["--serve-flags"])                        # one set of server flags for the bench, the pairs and make
+    assert capsys.readouterr().out.split() == ["--dtype", "float32", "--max-model-len", "4096", "--seed", "0",
+                                               "--enforce-eager"]
 
 
 def test_counts_file_holds_the_newest_counts_soon_after_the_last_step(tmp_path, monkeypatch):
@@ -229,11 +232,11 @@ def test_the_cost_rule_drafts_what_is_expected_to_emit_the_most_tokens_per_secon
     for _ in range(10):
         costs.credit("neural", 3, 3)
     assert plan("b3") == ([None], 3)               # EAGLE-3 accepts 0.9 a position: (1 + 2.7) / 95 ms
-    costs.time[(True, 4)] = [0.3, 1]               # ... but its steps cost 300 ms
+    costs.set_time(True, 4, 0.3)               # ... but its steps cost 300 ms
     assert plan("b4") == ([[9]], None)
     for _ in range(200):
         costs.credit("copy:low:1", 1, 0)
-    costs.time[(False, 2)] = [0.090, 1]
+    costs.set_time(False, 2, 0.090)
     assert plan("b5") == ([[]], None) and gate.counts["none"] == 1      # nothing pays: no draft
     assert costs.summary()["step_ms"] == {"copy:1": 76.0, "copy:2": 90.0, "eagle:4": 300.0}
     probe_rule = Gate(probe, _target(), max_tokens=8, kappa=2, neural_max_batch=8, rule="probe")
@@ -241,6 +244,8 @@ def test_the_cost_rule_drafts_what_is_expected_to_emit_the_most_tokens_per_secon
     assert probe_rule.plan([0.95], [b], ["b"], k=3)[0] == [None]       # the paper's rule: no kappa match, EAGLE-3
     with pytest.raises(GateError, match="SWITCHSD_RULE='fast'"):
         Gate(probe, _target(), max_tokens=8, rule="fast")
+    assert Gate(probe, _target(), max_tokens=8, half_life=0).costs.decay == 1.0        # SWITCHSD_HALF_LIFE=0
+    assert gate.costs.decay == 0.5 ** (1 / PathCosts.HALF_LIFE)
 
 
 def test_path_costs_measure_step_times_by_kind_and_rows_and_acceptance_by_position():
@@ -253,6 +258,14 @@ def test_path_costs_measure_step_times_by_kind_and_rows_and_acceptance_by_positi
     c.step(0.08)
     c.step(5.0)                                    # nothing planned since: not counted
     assert c.step_time(False, 3) == 0.08 and c.step_time(False, 6) == 0.08 and c.step_time(True, 4) == 0.08
+    c.planned(False, 3)
+    c.step(0.12)                                   # the price follows every timed step (the fit is not stale)
+    assert abs(c.step_time(False, 3) - 0.10) < 1e-12
+    c.planned(False, 5)
+    c.step(0.14)
+    assert abs(c.step_time(False, 7) - 0.18) < 1e-9      # now a line: 20 ms a row
+    c.set_time(True, 4, 0.5)
+    assert c.step_time(True, 4) == 0.5
 
 
 def test_a_path_that_missed_on_the_first_requests_is_tried_again_once_its_record_has_aged():
@@ -306,7 +319,7 @@ def test_one_noisy_row_count_does_not_price_itself_out_of_being_drafted():
         c.credit("copy:low:1", 1, 1)                # a 1-token chain accepted half the time
     assert abs(c.step_time(False, 2) - 0.053) < 0.002     # the line through the row counts, not the one outlier
     assert c.choose("copy:low:1", 1, 0) == 1        # 1.5 tokens / 53 ms over 1 / 50 ms
-    c.time[(True, 4)] = [0.09, 1]
+    c.set_time(True, 4, 0.09)
     assert abs(c.step_time(True, 5) - 0.093) < 0.002     # EAGLE-3's own step, moved along the line
 
 

@@ -29,8 +29,18 @@ class PathCosts:
         self.clock = 0                              # drafts verified so far (every path)
         self.seen: dict[str, int] = {}             # tag -> the clock when its record was last credited
         self.rows_per_request, self.tokens_per_request = 1.0, 1.0      # per request and step, running means
+        self._fit: tuple | None = None              # the step-time line and EAGLE-3's means, until a step is timed
         self.time: dict[tuple[bool, int], list[float]] = {}    # (EAGLE-3 drafted, rows) -> [seconds, steps]
         self.pending: tuple[bool, int] | None = None           # the last planned step's kind
+
+    @property
+    def time(self) -> dict[tuple[bool, int], list[float]]:
+        """(EAGLE-3 drafted, rows) -> [seconds, steps]. Set whole or through `set_time` (each clears the fit)."""
+        return self._time
+
+    @time.setter
+    def time(self, value: dict[tuple[bool, int], list[float]]) -> None:
+        self._time, self._fit = value, None
 
     def credit(self, tag: str, verified: int, accepted: int) -> None:
         self.clock += 1
@@ -67,7 +77,13 @@ class PathCosts:
             t = self.time.setdefault(self.pending, [0.0, 0])
             t[0] += seconds
             t[1] += 1
+            self._fit = None
         self.pending = None
+
+    def set_time(self, eagle: bool, rows: int, seconds: float, steps: int = 1) -> None:
+        """Set a step kind's measured time (tests, replays): `steps` steps that took `seconds` in all."""
+        self.time[(eagle, rows)] = [seconds, steps]
+        self._fit = None
 
     def step_time(self, eagle: bool, rows: int) -> float:
         """Expected seconds of such a step. Steps without EAGLE-3: a line through the mean time of each measured
@@ -78,26 +94,35 @@ class PathCosts:
         return self.step_times(eagle, [rows])[0]
 
     def step_times(self, eagle: bool, rows: list[int]) -> list[float]:
-        plain = [(r, v[0] / v[1], v[1]) for (e, r), v in self.time.items() if not e and v[1]]
-        if not plain:
-            plain = [(r, v[0] / v[1], v[1]) for (e, r), v in self.time.items() if v[1]]
-        if not plain:
+        if self._fit is None:
+            self._fit = self._line()
+        fit = self._fit
+        if fit is None:
             return [1.0] * len(rows)
-        w = sum(n for _, _, n in plain)
-        mr, mt = sum(r * n for r, _, n in plain) / w, sum(t * n for _, t, n in plain) / w
-        var = sum(n * (r - mr) ** 2 for r, _, n in plain)
-        slope = max(0.0, sum(n * (r - mr) * (t - mt) for r, t, n in plain) / var) if var > 0 else 0.0
+        mr, mt, slope, own = fit
         line = [mt + slope * (r - mr) for r in rows]
-        if not eagle:
-            return line
-        own = {r: v[0] / v[1] for (e, r), v in self.time.items() if e and v[1]}
-        if not own:
+        if not eagle or not own:
             return line
         out = []
         for r in rows:
             near = min(own, key=lambda x: (abs(x - r), x))
             out.append(own[near] + slope * (r - near))
         return out
+
+    def _line(self) -> tuple[float, float, float, dict[int, float]] | None:
+        """(mean rows, mean seconds, seconds per row, EAGLE-3 steps' mean seconds by rows) of the timed steps, or
+        None when none is timed: fitted once per timed step, not once per request."""
+        plain = [(r, v[0] / v[1], v[1]) for (e, r), v in self.time.items() if not e and v[1]]
+        if not plain:
+            plain = [(r, v[0] / v[1], v[1]) for (e, r), v in self.time.items() if v[1]]
+        if not plain:
+            return None
+        w = sum(n for _, _, n in plain)
+        mr, mt = sum(r * n for r, _, n in plain) / w, sum(t * n for _, t, n in plain) / w
+        var = sum(n * (r - mr) ** 2 for r, _, n in plain)
+        slope = max(0.0, sum(n * (r - mr) * (t - mt) for r, t, n in plain) / var) if var > 0 else 0.0
+        own = {r: v[0] / v[1] for (e, r), v in self.time.items() if e and v[1]}
+        return mr, mt, slope, own
 
     def observe(self, requests: int, rows: int, tokens: int) -> None:
         """A verified step: its requests, their rows in the target forward, the tokens they emitted."""

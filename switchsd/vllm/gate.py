@@ -72,7 +72,8 @@ class Gate:
     _last: "Gate | None" = None              # the latest gate in this process (its counts: last_counts)
 
     def __init__(self, probe, target, max_tokens: int, kappa: int = KAPPA, neural_k: int = NEURAL_K,
-                 neural_max_batch: int = NEURAL_MAX_BATCH, rule: str = "cost", backoff: bool = True):
+                 neural_max_batch: int = NEURAL_MAX_BATCH, rule: str = "cost", backoff: bool = True,
+                 half_life: int = PathCosts.HALF_LIFE):
         self.w = probe.weight.float()
         self.tau, self.kappa, self.layer = float(probe.tau), kappa, probe.layer
         self.neural_k, self.neural_max_batch = neural_k, neural_max_batch
@@ -81,7 +82,7 @@ class Gate:
             raise GateError(f"SWITCHSD_RULE={rule!r}: expected one of {', '.join(RULES)}")
         self.rule = rule
         self.backoff = CopyCounts() if backoff else None      # chains where the kappa-gram never occurred before
-        self.costs = PathCosts()
+        self.costs = PathCosts(half_life=half_life or None)     # 0: the acceptance record never forgets
         self.logits = torch.zeros(max_tokens)                  # [tokens of the last target forward]
         self.aux: int | None = None                            # EAGLE-3 feature block the probe reads (mlp site)
         self.counts = {"steps": 0, "copy": 0, "neural": 0, "none": 0, "none_chain": 0,   # none though a chain was there
@@ -310,7 +311,8 @@ def install(probe_path: str) -> None:
         self._switchsd_gate = Gate(probe, target_model, self.vllm_config.scheduler_config.max_num_batched_tokens,
                                    env_int("SWITCHSD_KAPPA", KAPPA), env_int("SWITCHSD_NEURAL_K", NEURAL_K),
                                    env_int("SWITCHSD_NEURAL_MAX_BATCH", NEURAL_MAX_BATCH),
-                                   os.environ.get("SWITCHSD_RULE", "cost"), bool(env_int("SWITCHSD_BACKOFF", 1)))
+                                   os.environ.get("SWITCHSD_RULE", "cost"), bool(env_int("SWITCHSD_BACKOFF", 1)),
+                                   env_int("SWITCHSD_HALF_LIFE", PathCosts.HALF_LIFE))
 
     def gated_propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                       next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,

@@ -1,6 +1,7 @@
 """The speculative methods the benchmarks and `make vllm-serve` serve, as vLLM's `--speculative-config` (one table).
 
     python -m switchsd.vllm.methods switchsd        # prints the JSON (nothing for "none"); K: python -m ... copy 8
+    python -m switchsd.vllm.methods --serve-flags   # the `vllm serve` flags every server here is started with
 
 Each method at the draft length its users get by default (DEFAULT_K): ngram k 5 with lookup <= 4 (vLLM's
 documented example); suffix decoding vLLM's own default (num_speculative_tokens left out: its tree depth, 24;
@@ -18,6 +19,7 @@ import sys
 HEAD = "assets/eagle3-smollm2-135m"
 PROBE = "probes/smollm2-135m-instruct.safetensors"
 METHODS = ("none", "ngram", "suffix", "eagle3", "copy", "switchsd")
+SERVE_FLAGS = ("--dtype", "float32", "--max-model-len", "4096", "--seed", "0", "--enforce-eager")   # bench, pairs, make
 
 
 DEFAULT_K = {"ngram": 5, "suffix": None, "eagle3": 3, "copy": 5, "switchsd": 16}
@@ -41,8 +43,11 @@ def speculative_config(method: str, k: int | None = None, head: str = HEAD) -> d
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--serve-flags"]:
+        print(" ".join(SERVE_FLAGS))
+        return
     if len(argv) not in (1, 2):
-        raise SystemExit("usage: python -m switchsd.vllm.methods METHOD [K]")
+        raise SystemExit("usage: python -m switchsd.vllm.methods METHOD [K] | --serve-flags")
     try:
         spec = speculative_config(argv[0], int(argv[1]) if len(argv) == 2 and argv[1] else None)
     except ValueError as e:
