@@ -143,10 +143,12 @@ def explain_differences(res: dict, run: Path, lm) -> list[dict]:
     in float32, a `switchsd.models.loading.LoadedModel`). The prompt is checked against the request's input length
     (vLLM applied the same chat template), so a wrong prompt order is reported, never rescored."""
     from switchsd.eval.mismatch import explain
-    out = []
+    out, sent = [], {}
     for m, ds, c, i in differing(res):
         r, base = res[(m, ds, c)], res[("none", ds, c)]
-        prompt = sent_prompts(run, ds)[i]
+        if ds not in sent:
+            sent[ds] = sent_prompts(run, ds)
+        prompt = sent[ds][i]
         ids = lm.encode(prompt, chat=True)
         item = {"method": m, "set": ds, "concurrency": c, "request": i}
         if "input_lens" in r and len(ids) != r["input_lens"][i]:
