@@ -77,11 +77,21 @@ def test_copy_chain_drafts_a_loop_to_full_depth_and_prefers_the_longer_context()
     assert copy_match(ctx, 3, 1) == ([4], 11, 4)           # the earlier one, whose "5" matches too: 4 tokens
 
 
+def test_the_gate_s_copy_chain_is_capped_by_the_context_it_matched():
+    from switchsd.vllm.copy import copy_path
+    short = np.array([5, 1, 2, 7, 8, 9, 10, 11, 12, 6, 1, 2])          # "1 2" matched, the token before differs
+    assert copy_path(short, "a", 2, 8, None) == ([7, 8, 9, 10], "2", False)         # 2 tokens matched: <= 4
+    assert copy_path(short, "a", 2, 8, None, factor=100)[0] == [7, 8, 9, 10, 11, 12, 6, 1]
+    longer = np.array([4, 5, 1, 2, 7, 8, 9, 10, 11, 12, 13, 14, 4, 5, 1, 2])      # 4 tokens matched: <= 8
+    assert copy_path(longer, "a", 2, 16, None) == ([7, 8, 9, 10, 11, 12, 13, 14], "3", False)
+    assert copy_path(longer, "a", 2, 3, None)[0] == [7, 8, 9]                         # and <= k
+
+
 def test_each_method_is_served_at_its_default_draft_length_unless_one_is_given(capsys):
     from switchsd.vllm.methods import METHODS, main, speculative_config
     assert speculative_config("none") is None
     assert speculative_config("suffix") == {"method": "suffix"}                 # vLLM's own default (24)
-    assert speculative_config("switchsd")["num_speculative_tokens"] == 16
+    assert speculative_config("switchsd")["num_speculative_tokens"] == 24
     assert speculative_config("copy")["num_speculative_tokens"] == 5
     assert speculative_config("eagle3", 9)["num_speculative_tokens"] == 3      # fixed: k 3, the head's
     assert speculative_config("suffix", 5) == {"method": "suffix", "num_speculative_tokens": 5}

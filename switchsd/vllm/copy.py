@@ -20,8 +20,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-KAPPA = 3             # the cost gate's kappa-gram (switchsd.core.config.GateConfig.kappa)
+KAPPA = 3             # the copy method's kappa-gram (switchsd.core.config.GateConfig.kappa)
 MAX_MATCH = 24        # the longest context match that picks among a kappa-gram's occurrences (suffix decoding's depth)
+SPEC_FACTOR = 2       # the gate's copy chains: at most this many times their match length (suffix decoding: 1)
+KEY_MATCH = 3         # the gate's records: match lengths 1, 2 and 3 or more apart
 MAX_HITS = 64         # of the most recent occurrences
 LOGGER = "vllm.switchsd"    # under vLLM's logger, whose handlers print INFO (a logger outside "vllm." stays silent)
 COUNTS_ENV = "SWITCHSD_VLLM_COUNTS"     # a file that holds a proposer's running counts as JSON (benchmarks read it)
@@ -108,19 +110,22 @@ def copy_match(context: np.ndarray, kappa: int, k: int, max_match: int = MAX_MAT
     return chain, gap, kappa + int(longer[best])
 
 
-def copy_path(seq: np.ndarray, req_id: str, kappa: int, k: int,
-              counts: "CopyCounts | None") -> tuple[list[int], str, bool]:
+def copy_path(seq: np.ndarray, req_id: str, kappa: int, k: int, counts: "CopyCounts | None",
+              factor: float = SPEC_FACTOR) -> tuple[list[int], str, bool]:
     """A request's copy chain and the key of its record: (<= k tokens, key, from the counts?). The chain follows
-    the kappa-gram's earlier occurrence (`copy_match`), else the longest context the counts saw continued
-    (`CopyCounts.chain`; counts None: none). key: the match length, capped at kappa, "r" added where the chain
-    repeats itself (a loop): "3", "3r", "1"."""
-    chain, gap, _ = copy_match(seq, kappa, k)
-    match, backed_off = kappa, False
+    the kappa-gram's earlier occurrence (`copy_match`), at most `factor` times as long as the context it matched
+    (a chain that matched 2 tokens drafts <= 4: a short match is an uncertain source, and a drafted row costs
+    compute on a CPU), else the longest context the counts saw continued (`CopyCounts.chain`, which caps its
+    drafts at the match; counts None: none). key: the match length, capped at KEY_MATCH, "r" added where the
+    chain repeats itself (a loop): "3", "3r", "1"."""
+    chain, gap, match = copy_match(seq, kappa, k)
+    chain = chain[:max(1, int(factor * match))]
+    backed_off = False
     if not chain and counts is not None:
         chain, match = counts.chain(req_id, seq, k)
         backed_off = bool(chain)
     loop = "r" if chain and not backed_off and len(chain) > gap else ""
-    return chain, f"{min(match, kappa)}{loop}", backed_off
+    return chain, f"{min(match, KEY_MATCH)}{loop}", backed_off
 
 
 class CopyCounts:

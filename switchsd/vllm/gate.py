@@ -40,11 +40,12 @@ import time
 import numpy as np
 import torch
 
-from .copy import KAPPA, LOGGER, CopyCounts, copy_path, write_counts
+from .copy import LOGGER, CopyCounts, copy_path, write_counts
 from .costs import PathCosts
 
 ENV = "SWITCHSD_VLLM_GATE"
 LOG_EVERY = 200
+KAPPA = 2               # the copy path's kappa-gram: its chains are capped by their match (copy.SPEC_FACTOR)
 NEURAL_K = 3            # EAGLE-3's draft length; the server's num_speculative_tokens caps the copy chains
 NEURAL_MAX_BATCH = 1    # above this many running requests EAGLE-3 does not run (docs/scaling.md: measured on CPU)
 RULES = ("cost", "probe")

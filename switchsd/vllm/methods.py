@@ -7,8 +7,8 @@ Each method at the draft length its users get by default (DEFAULT_K): ngram k 5 
 documented example); suffix decoding vLLM's own default (num_speculative_tokens left out: its tree depth, 24;
 needs arctic-inference); eagle3 k 3 with the shipped head; copy (SwitchSD's copy drafter, every chain drafted
 whole) k 5; switchsd (EAGLE-3's proposer behind the gate, which cuts each copy chain to the length that pays; the
-server also needs SWITCHSD_VLLM_GATE=PROBE) chains of up to 16 (docs/bench/vllm/pairs.md: level with 8 at 128
-new tokens, 3-5% ahead at 256), EAGLE-3 SWITCHSD_NEURAL_K = 3. A K given sets
+server also needs SWITCHSD_VLLM_GATE=PROBE) chains of up to 24, suffix decoding's depth (each at most twice as long
+as the context it matched: docs/bench/vllm/pairs.md), EAGLE-3 SWITCHSD_NEURAL_K = 3. A K given sets
 suffix's, copy's and switchsd's draft cap. Imports nothing.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ METHODS = ("none", "ngram", "suffix", "eagle3", "copy", "switchsd")
 SERVE_FLAGS = ("--dtype", "float32", "--max-model-len", "4096", "--seed", "0", "--enforce-eager")   # bench, pairs, make
 
 
-DEFAULT_K = {"ngram": 5, "suffix": None, "eagle3": 3, "copy": 5, "switchsd": 16}
+DEFAULT_K = {"ngram": 5, "suffix": None, "eagle3": 3, "copy": 5, "switchsd": 24}
 
 
 def speculative_config(method: str, k: int | None = None, head: str = HEAD) -> dict | None:
