@@ -1,4 +1,5 @@
-"""Draft quality without a model: replay the greedy outputs of a `scripts/vllm_pair.py` run through suffix decoding
+"""Draft quality without a model: replay the greedy outputs of a `scripts/vllm_pair.py` or `scripts/vllm_bench.sh`
+run through suffix decoding
 (Arctic Inference's cache, vLLM's settings) and through the SwitchSD gate's copy path (`Gate.plan` with EAGLE-3 left
 out: `copy_match`, the `CopyCounts` back-off, the cost rule's choice of length with a fixed step-time line), token
 by token: a draft is accepted up to its first token that differs from the output, then the output's next token is
@@ -10,6 +11,7 @@ gate's own hook in one vLLM prefill of each prompt and its output (EAGLE-3 still
 environment (arctic-inference).
 
     .venv-vllm/bin/python scripts/vllm_replay.py runs/vllm-pair/pair.json --k 5 8 --step-ms 55 --row-ms 3 [--probe]
+    .venv-vllm/bin/python scripts/vllm_replay.py runs/vllm-256e --k 16 24 --kappa 2 3 --factor 0 2
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from switchsd.vllm.copy import SPEC_FACTOR  # noqa: E402  (numpy only)
+from switchsd.vllm.gate import KAPPA  # noqa: E402
 
 
 def suffix_proposer(k: int | None, depth: int = 24):
@@ -48,14 +52,15 @@ def suffix_proposer(k: int | None, depth: int = 24):
     return propose
 
 
-def gate_proposer(k: int, step_s, logits: list[list[float]] | None = None, tau: float = 0.5):
+def gate_proposer(k: int, step_s, logits: list[list[float]] | None = None, tau: float = 0.5, kappa: int = KAPPA,
+                  factor: int = SPEC_FACTOR):
     """The served gate's plan (cost rule, EAGLE-3 left out), the probe read from `logits` (request, position);
     without logits every step scores 0, so the copy path's record is not split by the probe (the "copy path")."""
     import torch
 
     from switchsd.vllm.gate import Gate
     probe = SimpleNamespace(weight=torch.zeros(1), tau=tau, layer=0, sublayer="mlp")   # scores come from `logits`
-    gate = Gate(probe, None, 1, neural_k=0)
+    gate = Gate(probe, None, 1, kappa=kappa, neural_k=0, factor=factor)
     for rows in range(1, k + 2):
         gate.costs.set_time(False, rows, step_s(rows))
 
@@ -110,57 +115,92 @@ def replay(requests: list[tuple[list[int], list[int]]], propose, step_s, feedbac
             "tok_s": tokens / seconds}
 
 
+def load_sets(source: Path, tok) -> dict[str, list[tuple[list[int], list[int]]]]:
+    """Each set's (prompt ids with the chat template, greedy output ids), in the order the server saw them: from a
+    pair.json of `scripts/vllm_pair.py`, or from a run folder of `scripts/vllm_bench.sh` (its concurrency-1 texts
+    of the first method found, the prompts in the client's seeded order)."""
+    from switchsd.vllm.methods import METHODS
+    texts: dict[str, list[str]] = {}
+    prompts: dict[str, list[str]] = {}
+    if source.is_dir():
+        from vllm_report import sent_prompts
+        method = next((m for m in METHODS if any((source / m).glob("*-c1.json"))), None)
+        if method is None:
+            raise SystemExit(f"error: {source}: no METHOD/SET-c1.json of scripts/vllm_bench.sh")
+        for f in sorted((source / method).glob("*-c1.json")):
+            name = f.name[:-len("-c1.json")]
+            texts[name] = json.loads(f.read_text())["generated_texts"]
+            prompts[name] = sent_prompts(source, name)[:len(texts[name])]
+        max_new = None
+    else:
+        pair = json.loads(source.read_text())
+        method = next(m for m in pair["methods"] if m in METHODS)
+        for name, res in pair["sets"].items():
+            texts[name] = [r[method]["text"] for r in res["requests"]]
+            lines = (source.parent / "prompts" / f"{name}.jsonl").read_text().splitlines()
+            prompts[name] = [json.loads(line)["prompt"] for line in lines]
+        max_new = pair["max_new"]
+    sets = {}
+    for name in texts:
+        sets[name] = []
+        for p, t in zip(prompts[name], texts[name]):
+            ids = tok.apply_chat_template([{"role": "user", "content": p}], tokenize=True, add_generation_prompt=True)
+            ids = list(ids["input_ids"] if not isinstance(ids, list) else ids)
+            sets[name].append((ids, tok.encode(t, add_special_tokens=False)[:max_new]))
+    return sets
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("pair", help="pair.json of scripts/vllm_pair.py (its texts and prompt sets)")
+    ap.add_argument("source", help="pair.json of scripts/vllm_pair.py, or a run folder of scripts/vllm_bench.sh")
     ap.add_argument("--k", type=int, nargs="+", default=[5, 8], help="draft caps to replay")
+    ap.add_argument("--kappa", type=int, nargs="+", default=[KAPPA], help="the gate's kappa-grams to replay")
+    ap.add_argument("--factor", type=int, nargs="+", default=[SPEC_FACTOR],
+                    help="the gate's caps on a copy chain, in multiples of its match (0: none)")
     ap.add_argument("--step-ms", type=float, default=55.0, help="a step verifying no draft")
     ap.add_argument("--row-ms", type=float, default=3.0, help="what each drafted row adds")
     ap.add_argument("--probe", nargs="?", const="", default=None, metavar="SAFETENSORS",
                     help="also replay the whole gate with this probe (default: the shipped one)")
     a = ap.parse_args(argv)
-    if min(a.k) < 1 or a.step_ms <= 0 or a.row_ms < 0:
-        raise SystemExit("error: --k >= 1, --step-ms > 0, --row-ms >= 0")
+    if min(a.k) < 1 or min(a.kappa) < 1 or min(a.factor) < 0 or a.step_ms <= 0 or a.row_ms < 0:
+        raise SystemExit("error: --k >= 1, --kappa >= 1, --factor >= 0, --step-ms > 0, --row-ms >= 0")
+    source = Path(a.source)
+    if not source.exists():
+        raise SystemExit(f"error: {source} does not exist")
     from transformers import AutoTokenizer
 
     from switchsd.vllm.check import default_model
-    from switchsd.vllm.methods import METHODS, PROBE
-    pair = json.loads(Path(a.pair).read_text())
-    tok = AutoTokenizer.from_pretrained(default_model())
-    prompts_dir = Path(a.pair).parent / "prompts"
-    method = next(m for m in pair["methods"] if m in METHODS)
+    from switchsd.vllm.methods import PROBE
+    sets = load_sets(source, AutoTokenizer.from_pretrained(default_model()))
 
     def step_s(rows: int) -> float:
         return (a.step_ms + a.row_ms * (rows - 1)) / 1000
 
-    sets = {}
-    for name, res in pair["sets"].items():
-        texts = [r[method]["text"] for r in res["requests"]]
-        prompts = [json.loads(line)["prompt"] for line in (prompts_dir / f"{name}.jsonl").read_text().splitlines()]
-        sets[name] = []
-        for p, t in zip(prompts, texts):
-            ids = tok.apply_chat_template([{"role": "user", "content": p}], tokenize=True, add_generation_prompt=True)
-            ids = list(ids["input_ids"] if not isinstance(ids, list) else ids)
-            sets[name].append((ids, tok.encode(t, add_special_tokens=False)[:pair["max_new"]]))
     logits, tau = {}, 0.5
     if a.probe is not None:
         flat, tau = probe_logits(default_model(), a.probe or str(ROOT / PROBE), [r for v in sets.values() for r in v])
         for name, requests in sets.items():
             logits[name], flat = flat[:len(requests)], flat[len(requests):]
 
-    print("| set | drafter | k | steps | drafted | accepted | tokens / step | tok/s under the line |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| set | drafter | k | kappa | factor | steps | drafted | accepted | tokens / step | tok/s under the line "
+          "| x suffix |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, requests in sets.items():
+        base = None
         for k in [None] + a.k:
-            rows = (("suffix", suffix_proposer(k), False),)
-            if k is not None:
-                rows += (("gate copy path", gate_proposer(k, step_s), True),)
-                if name in logits:
-                    rows += (("gate with the probe", gate_proposer(k, step_s, logits[name], tau), True),)
-            for label, prop, feedback in rows:
+            rows = [("suffix", suffix_proposer(k), False, "", "")]
+            for kappa in a.kappa if k is not None else []:
+                for f in a.factor:
+                    rows.append(("gate copy path", gate_proposer(k, step_s, kappa=kappa, factor=f), True, kappa, f))
+                    if name in logits:
+                        rows.append(("gate with the probe", gate_proposer(k, step_s, logits[name], tau, kappa, f),
+                                     True, kappa, f))
+            for label, prop, feedback, kappa, f in rows:
                 r = replay(requests, prop, step_s, feedback)
-                print(f"| {name} {len(requests)} | {label} | {k or 'default (24)'} | {r['steps']} | {r['drafted']} | "
-                      f"{r['accepted']} | {r['tokens_per_step']:.3f} | {r['tok_s']:.2f} |", flush=True)
+                base = base or r["tok_s"]
+                print(f"| {name} {len(requests)} | {label} | {k or 'default (24)'} | {kappa} | {f} | {r['steps']} | "
+                      f"{r['drafted']} | {r['accepted']} | {r['tokens_per_step']:.3f} | {r['tok_s']:.2f} | "
+                      f"{r['tok_s'] / base:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

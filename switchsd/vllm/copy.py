@@ -119,7 +119,8 @@ def copy_path(seq: np.ndarray, req_id: str, kappa: int, k: int, counts: "CopyCou
     drafts at the match; counts None: none). key: the match length, capped at KEY_MATCH, "r" added where the
     chain repeats itself (a loop): "3", "3r", "1"."""
     chain, gap, match = copy_match(seq, kappa, k)
-    chain = chain[:max(1, int(factor * match))]
+    if chain:
+        chain = chain[:max(1, int(min(factor * match, k)))]
     backed_off = False
     if not chain and counts is not None:
         chain, match = counts.chain(req_id, seq, k)

@@ -40,7 +40,7 @@ import time
 import numpy as np
 import torch
 
-from .copy import LOGGER, CopyCounts, copy_path, write_counts
+from .copy import LOGGER, SPEC_FACTOR, CopyCounts, copy_path, write_counts
 from .costs import PathCosts
 
 ENV = "SWITCHSD_VLLM_GATE"
@@ -74,9 +74,10 @@ class Gate:
 
     def __init__(self, probe, target, max_tokens: int, kappa: int = KAPPA, neural_k: int = NEURAL_K,
                  neural_max_batch: int = NEURAL_MAX_BATCH, rule: str = "cost", backoff: bool = True,
-                 half_life: int = PathCosts.HALF_LIFE):
+                 half_life: int = PathCosts.HALF_LIFE, factor: int = SPEC_FACTOR):
         self.w = probe.weight.float()
         self.tau, self.kappa, self.layer = float(probe.tau), kappa, probe.layer
+        self.factor = factor or float("inf")                  # a copy chain <= factor x its match (0: no cap)
         self.neural_k, self.neural_max_batch = neural_k, neural_max_batch
         self.target = target
         if rule not in RULES:
@@ -179,7 +180,7 @@ class Gate:
             if self.backoff is not None:
                 self.backoff.add(req_ids[i], seqs[i], prompt_lens[i] if prompt_lens is not None else len(seqs[i]))
             counts = self.backoff if self.rule == "cost" or not neural_on else None
-            chain, key, backed_off = copy_path(seqs[i], req_ids[i], self.kappa, k, counts)
+            chain, key, backed_off = copy_path(seqs[i], req_ids[i], self.kappa, k, counts, self.factor)
             had_chain = bool(chain)
             tag = f"copy:{'high' if high else 'low'}:{key}"
             if self.rule == "probe":
@@ -313,7 +314,8 @@ def install(probe_path: str) -> None:
                                    env_int("SWITCHSD_KAPPA", KAPPA), env_int("SWITCHSD_NEURAL_K", NEURAL_K),
                                    env_int("SWITCHSD_NEURAL_MAX_BATCH", NEURAL_MAX_BATCH),
                                    os.environ.get("SWITCHSD_RULE", "cost"), bool(env_int("SWITCHSD_BACKOFF", 1)),
-                                   env_int("SWITCHSD_HALF_LIFE", PathCosts.HALF_LIFE))
+                                   env_int("SWITCHSD_HALF_LIFE", PathCosts.HALF_LIFE),
+                                   env_int("SWITCHSD_SPEC_FACTOR", SPEC_FACTOR))
 
     def gated_propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                       next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
