@@ -12,7 +12,8 @@ the plugin (`switchsd.vllm.register`) wraps two methods of vLLM's `EagleProposer
   writes w . h for every token of each target forward into one persistent buffer: eager mode only;
 - `propose(...)`: first the gate (`Gate.plan`). A request's copy chain is the continuation of its last kappa
   tokens' earlier occurrence in its own context (`copy.copy_match`, the paper's copy drafter; of its occurrences,
-  the one whose preceding context matches longest; where it runs into the present it repeats itself), else of
+  the one whose preceding context matches longest; where it runs into the present it repeats itself; at most
+  SWITCHSD_SPEC_FACTOR = 2 times as long as the context it matched), else of
   the longest context that its own tokens or the requests' outputs continued before (`copy.CopyCounts`). Rule
   "cost" (SWITCHSD_RULE, the default): per request, the copy chain cut to the length, EAGLE-3's draft, or no draft,
   whichever is expected to emit the most tokens per second from what each earned on this server (`PathCosts`:
