@@ -223,6 +223,12 @@ def test_copy_counts_draft_from_the_longest_context_seen_before_own_or_shared():
     assert "a" not in c.own and c.chain("c", np.array([7, 8]), 2) == ([9, 4], 2)    # the shared counts stay
 
 
+def _set_times(costs, table: dict) -> None:
+    """Measured step times, (EAGLE-3 drafted, rows) -> [seconds, steps], through `PathCosts.set_time`."""
+    for (eagle, rows), (seconds, steps) in table.items():
+        costs.set_time(eagle, rows, seconds, steps)
+
+
 def test_the_cost_rule_drafts_what_is_expected_to_emit_the_most_tokens_per_second():
     from switchsd.core.probe import Probe
     probe = Probe(torch.tensor([1.0, 0.0]), layer=1, sublayer="attn", tau=0.5)
@@ -230,7 +236,7 @@ def test_the_cost_rule_drafts_what_is_expected_to_emit_the_most_tokens_per_secon
     gate.plan([0.05], [np.array([1, 2, 3, 7, 8, 9, 4])], ["a"], k=3, prompt_lens=[3])     # counts a's output
     b = np.array([5, 6, 8])                        # "6 8" never seen; the shared counts continue "8" with 9 4
     costs = gate.costs
-    costs.time = {(False, 1): [0.076, 1], (False, 2): [0.080, 1], (True, 4): [0.095, 1]}   # step seconds by rows
+    _set_times(costs, {(False, 1): [0.076, 1], (False, 2): [0.080, 1], (True, 4): [0.095, 1]})   # step seconds by rows
 
     def plan(name):            # a new request id each time: no step time is measured between the calls
         return gate.plan([0.05], [b], [name], k=3, prompt_lens=[2])
@@ -283,7 +289,7 @@ def test_a_path_that_missed_on_the_first_requests_is_tried_again_once_its_record
     decided a whole run); the record forgets, by half-lives of drafts verified, so it drifts back to its prior."""
     for half_life, tried_again in ((None, False), (50, True)):
         c = PathCosts(half_life=half_life)
-        c.time = {(False, 1): [0.055, 1], (False, 2): [0.058, 1], (True, 4): [0.0767, 1]}
+        _set_times(c, {(False, 1): [0.055, 1], (False, 2): [0.058, 1], (True, 4): [0.0767, 1]})
         for _ in range(8):
             c.credit("neural", 3, 0)                 # EAGLE-3 missed every token of its first 8 drafts
         assert c.choose("copy:low:3", 0, 3) == 0      # no chain: no draft rather than EAGLE-3
@@ -298,7 +304,7 @@ def test_where_many_requests_share_a_step_only_drafts_likely_to_be_accepted_pay(
     tokens are accepted 30% of the time pays; beside 15 other requests it does not (each drafted row delays 16
     requests' tokens for 0.3 of one), and one accepted 90% of the time still does."""
     c = PathCosts(half_life=None)
-    c.time = {(False, r): [0.050 + 0.003 * r, 1] for r in (1, 2, 16, 32)}
+    _set_times(c, {(False, r): [0.050 + 0.003 * r, 1] for r in (1, 2, 16, 32)})
     for _ in range(100):
         c.credit("copy:low:2", 3, 0)
         c.credit("copy:high:2", 3, 3)
@@ -322,7 +328,7 @@ def test_where_many_requests_share_a_step_only_drafts_likely_to_be_accepted_pay(
 
 def test_one_noisy_row_count_does_not_price_itself_out_of_being_drafted():
     c = PathCosts()
-    c.time = {(False, 1): [5.0, 100], (False, 2): [0.2, 1], (False, 3): [5.6, 100]}   # 50 ms, one 200 ms, 56 ms
+    _set_times(c, {(False, 1): [5.0, 100], (False, 2): [0.2, 1], (False, 3): [5.6, 100]})   # 50 ms, one 200 ms, 56 ms
     for _ in range(50):
         c.credit("copy:low:1", 1, 0)
     for _ in range(50):

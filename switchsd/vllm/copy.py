@@ -111,16 +111,16 @@ def copy_match(context: np.ndarray, kappa: int, k: int, max_match: int = MAX_MAT
 
 
 def copy_path(seq: np.ndarray, req_id: str, kappa: int, k: int, counts: "CopyCounts | None",
-              factor: float = SPEC_FACTOR) -> tuple[list[int], str, bool]:
+              factor: int = SPEC_FACTOR) -> tuple[list[int], str, bool]:
     """A request's copy chain and the key of its record: (<= k tokens, key, from the counts?). The chain follows
     the kappa-gram's earlier occurrence (`copy_match`), at most `factor` times as long as the context it matched
-    (a chain that matched 2 tokens drafts <= 4: a short match is an uncertain source, and a drafted row costs
+    (0: no cap; a chain that matched 2 tokens drafts <= 4: a short match is an uncertain source, and a drafted row costs
     compute on a CPU), else the longest context the counts saw continued (`CopyCounts.chain`, which caps its
     drafts at the match; counts None: none). key: the match length, capped at KEY_MATCH, "r" added where the
     chain repeats itself (a loop): "3", "3r", "1"."""
     chain, gap, match = copy_match(seq, kappa, k)
-    if chain:
-        chain = chain[:max(1, int(min(factor * match, k)))]
+    if factor:
+        chain = chain[:factor * match]                      # match >= kappa >= 1 wherever there is a chain
     backed_off = False
     if not chain and counts is not None:
         chain, match = counts.chain(req_id, seq, k)

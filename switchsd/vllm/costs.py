@@ -30,17 +30,8 @@ class PathCosts:
         self.seen: dict[str, int] = {}             # tag -> the clock when its record was last credited
         self.rows_per_request, self.tokens_per_request = 1.0, 1.0      # per request and step, running means
         self._fit: tuple | None = None              # the step-time line and EAGLE-3's means, until a step is timed
-        self.time: dict[tuple[bool, int], list[float]] = {}    # (EAGLE-3 drafted, rows) -> [seconds, steps]
+        self.time: dict[tuple[bool, int], list[float]] = {}    # (EAGLE-3 drafted, rows) -> [seconds, steps] (`set_time`)
         self.pending: tuple[bool, int] | None = None           # the last planned step's kind
-
-    @property
-    def time(self) -> dict[tuple[bool, int], list[float]]:
-        """(EAGLE-3 drafted, rows) -> [seconds, steps]. Set whole or through `set_time` (each clears the fit)."""
-        return self._time
-
-    @time.setter
-    def time(self, value: dict[tuple[bool, int], list[float]]) -> None:
-        self._time, self._fit = value, None
 
     def credit(self, tag: str, verified: int, accepted: int) -> None:
         self.clock += 1

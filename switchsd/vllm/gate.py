@@ -78,7 +78,7 @@ class Gate:
                  half_life: int = PathCosts.HALF_LIFE, factor: int = SPEC_FACTOR):
         self.w = probe.weight.float()
         self.tau, self.kappa, self.layer = float(probe.tau), kappa, probe.layer
-        self.factor = factor or float("inf")                  # a copy chain <= factor x its match (0: no cap)
+        self.factor = factor                                   # a copy chain <= factor x its match (0: no cap)
         self.neural_k, self.neural_max_batch = neural_k, neural_max_batch
         self.target = target
         if rule not in RULES:
