@@ -757,3 +757,33 @@ def test_the_q8_head_drafts_close_to_the_head_and_stays_lossless(target, trained
         assert res.token_ids == greedy_reference(target32, ids, 30, eos=None)
         accepted += sum(len(e.accepted) for e in res.events if e.path == "neural")
     assert accepted >= 10, accepted
+
+
+def test_the_q8_head_s_layer_in_c_is_its_torch_layer(trained_head):
+    """The Q8 head's decoder layer runs as one C call (switchsd/kernels/eagle3.c): it computes what the same Q8_0
+    matrices give through torch, to float32 rounding, at a catch-up over several rows, at a one-row step over the
+    cache, and at a tree level under a mask; and a level's rows equal one-row calls bit for bit."""
+    import copy
+
+    from switchsd.drafters.eagle3_model import Eagle3Head
+    from switchsd.drafters.eagle3_q8 import Q8Eagle3Head, q8_head
+    fast = q8_head(copy.deepcopy(trained_head).float())
+    assert isinstance(fast, Q8Eagle3Head)
+    g = torch.Generator().manual_seed(1)
+    S, n = 12, 3
+    emb, h = torch.randn(1, S, H, generator=g), torch.randn(1, S, H, generator=g)
+    pos = torch.arange(S)
+    close = lambda a, b: torch.allclose(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))
+    ref, got = Eagle3Head.step(fast, emb, h, pos, None, None, None), fast.step(emb, h, pos, None, None, None)
+    assert all(close(a, b) for a, b in zip(got, ref))
+    k, v = got[1], got[2]
+    e1, h1 = torch.randn(1, n, H, generator=g), torch.randn(1, n, H, generator=g)
+    one = [fast.step(e1[:, i:i + 1], h1[:, i:i + 1], torch.tensor([S]), k, v, None) for i in range(n)]
+    ref1 = Eagle3Head.step(fast, e1[:, :1], h1[:, :1], torch.tensor([S]), k, v, None)
+    assert all(close(a, b) for a, b in zip(one[0], ref1))
+    mask = torch.cat([torch.ones(n, S, dtype=torch.bool), torch.eye(n, dtype=torch.bool)], 1)   # each sees itself
+    level = fast.step(e1, h1, torch.full((n,), S), k, v, mask)
+    assert close(level[0], Eagle3Head.step(fast, e1, h1, torch.full((n,), S), k, v, mask)[0])
+    assert torch.equal(level[0][0], torch.cat([o[0][0] for o in one]))
+    assert torch.equal(fast.logits(level[0][0]), torch.cat([fast.logits(o[0][0]) for o in one]))
+    assert close(fast.logits(level[0][0]), Eagle3Head.logits(fast, level[0][0]))

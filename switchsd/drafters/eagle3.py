@@ -23,6 +23,7 @@ from ..core.drafting import Draft, DraftRequest
 from ..core.verify import target_probs
 from ..models.dense import attention_dtype
 from .eagle3_model import Eagle3Head
+from .eagle3_q8 import q8_head
 
 
 def target_dist(head: Eagle3Head, out: torch.Tensor, sampling: SamplingConfig, vocab: int) -> torch.Tensor:
@@ -51,46 +52,6 @@ def wide_head(head: Eagle3Head) -> Eagle3Head | None:
 
 
 _WIDE: "weakref.WeakKeyDictionary[Eagle3Head, Eagle3Head]" = weakref.WeakKeyDictionary()
-
-
-class _Q8(torch.nn.Module):
-    """A linear layer as Q8_0 blocks through the C kernel (switchsd/kernels/q4q8.c); float32 in and out."""
-
-    def __init__(self, lin: torch.nn.Linear):
-        super().__init__()
-        from ..kernels.q4q8 import Q8Linear
-        self.q8 = Q8Linear.quantize(lin.weight)
-        self.register_buffer("weight", torch.empty(0), persistent=False)      # dtype / device, as nn.Linear's
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.q8(x)
-
-
-def q8_head(head: Eagle3Head) -> Eagle3Head | None:
-    """A float32 copy of the head whose matrices (fc, q/k/v/o, the MLP, the draft LM head) are Q8_0 blocks through
-    the C kernels, made once per head: on a CPU a drafting step then reads a quarter of float32's bytes with no
-    16-bit emulation (norms, rotary and attention stay torch float32). Drafts only: verification decides what is
-    kept, and at T > 0 the q it is given is this head's. A float64 head (the tests' reference arithmetic) is kept
-    as it is; None off CPU, where the kernels do not build, or for shapes they do not take."""
-    from ..kernels.build import available
-    w = head.fc.weight
-    if w.device.type != "cpu" or w.dtype == torch.float64 or not available("q4q8"):
-        return None
-    if head not in _Q8HEADS:
-        fast = copy.deepcopy(head).float()
-        m = fast.midlayer
-        try:
-            for owner, name in ((fast, "fc"), (fast, "lm_head"), (m.self_attn, "q_proj"), (m.self_attn, "k_proj"),
-                                (m.self_attn, "v_proj"), (m.self_attn, "o_proj"), (m.mlp, "gate_proj"),
-                                (m.mlp, "up_proj"), (m.mlp, "down_proj")):
-                setattr(owner, name, _Q8(getattr(owner, name)))
-        except ValueError:                    # dimensions the kernels do not take (multiples of 32 and 8)
-            return None
-        _Q8HEADS[head] = fast
-    return _Q8HEADS[head]
-
-
-_Q8HEADS: "weakref.WeakKeyDictionary[Eagle3Head, Eagle3Head]" = weakref.WeakKeyDictionary()
 
 
 CATCH_UP = 32

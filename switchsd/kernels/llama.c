@@ -41,6 +41,26 @@ typedef struct {                    /* scratch for one forward of T rows */
     float *dx, *sx, *h, *qkv, *att, *gu, *act, *tmp;
 } Work;
 
+/* Scratch for T rows: activation blocks up to kmax wide, h (hw floats a row), q|k|v (nq), attention (na), gate|up
+   and their product (I), and a d-wide residual update. Returns 0 when out of memory (free it all the same). */
+static int work_alloc(Work *wk, int64_t T, int64_t kmax, int64_t hw, int64_t nq, int64_t na, int64_t I, int64_t d) {
+    wk->q8 = malloc((size_t)(T * kmax));
+    wk->dx = malloc(sizeof(float) * (size_t)(T * kmax / 32));
+    wk->sx = malloc(sizeof(float) * (size_t)(T * kmax / 32));
+    wk->h = malloc(sizeof(float) * (size_t)(T * hw));
+    wk->qkv = malloc(sizeof(float) * (size_t)(T * nq));
+    wk->att = malloc(sizeof(float) * (size_t)(T * na));
+    wk->gu = malloc(sizeof(float) * (size_t)(T * 2 * I));
+    wk->act = malloc(sizeof(float) * (size_t)(T * I));
+    wk->tmp = malloc(sizeof(float) * (size_t)(T * d));
+    return wk->q8 && wk->dx && wk->sx && wk->h && wk->qkv && wk->att && wk->gu && wk->act && wk->tmp;
+}
+
+static void work_free(Work *wk) {
+    free(wk->q8); free(wk->dx); free(wk->sx); free(wk->h); free(wk->qkv); free(wk->att); free(wk->gu); free(wk->act);
+    free(wk->tmp);
+}
+
 __attribute__((target_clones("avx2", "default")))
 static void rms(const float *x, const float *w, int64_t d, float eps, float *out) {
     float s = 0.0f;
@@ -252,17 +272,9 @@ int llama_forward(const Dims *dm, int64_t n_layers, const uint8_t *const *w, con
     int64_t most_keys = 0;
     for (int64_t t = 0; t < T; t++) most_keys = key_off[t + 1] - key_off[t] > most_keys ? key_off[t + 1] - key_off[t] : most_keys;
     Work wk;
-    wk.q8 = malloc((size_t)(T * kmax));
-    wk.dx = malloc(sizeof(float) * (size_t)(T * kmax / 32));
-    wk.sx = malloc(sizeof(float) * (size_t)(T * kmax / 32));
-    wk.h = malloc(sizeof(float) * (size_t)(T * d));
-    wk.qkv = malloc(sizeof(float) * (size_t)(T * nq));
-    wk.att = malloc(sizeof(float) * (size_t)(T * H * hd));
-    wk.gu = malloc(sizeof(float) * (size_t)(T * 2 * I));
-    wk.act = malloc(sizeof(float) * (size_t)(T * I));
-    wk.tmp = malloc(sizeof(float) * (size_t)(T * d));
+    int ok = work_alloc(&wk, T, kmax, d, nq, H * hd, I, d);
     float *scores = malloc(sizeof(float) * (size_t)(H * T * (most_keys + 1)));
-    int ok = wk.q8 && wk.dx && wk.sx && wk.h && wk.qkv && wk.att && wk.gu && wk.act && wk.tmp && scores;
+    ok = ok && scores;
     int64_t n_cap = 0;
     const int vec = dm->path == 1 ? 1 : (have_avx2() ? 2 : 1);      /* the vector path where the CPU has it */
     for (int64_t l = 0; ok && l < n_layers; l++) {
@@ -308,8 +320,8 @@ int llama_forward(const Dims *dm, int64_t n_layers, const uint8_t *const *w, con
         prof[P_NORM] += t1 - t0; prof[P_QKV] += t2 - t1; prof[P_ROPE] += t3 - t2; prof[P_ATTN] += t4 - t3;
         prof[P_O] += t5 - t4; prof[P_MLP_IN] += t6 - t5; prof[P_SWIGLU] += t7 - t6; prof[P_DOWN] += t8 - t7;
     }
-    free(wk.q8); free(wk.dx); free(wk.sx); free(wk.h); free(wk.qkv); free(wk.att); free(wk.gu); free(wk.act);
-    free(wk.tmp); free(scores);
+    work_free(&wk);
+    free(scores);
     return ok ? 0 : -1;
 }
 

@@ -272,7 +272,7 @@ def train_loop(args, head: Eagle3Head, embed, teacher_w: torch.Tensor, train: li
             if state["step"] >= total_steps:
                 break
             for g in opt.param_groups:
-                g["lr"] = args.lr * sched(state["step"])
+                g["lr"] = args.lr * sched(state["step"], total_steps)
             with torch.autocast(dev_type, dtype=torch.bfloat16, enabled=args.bf16):
                 loss, accs, _ = ttt_loss(head, embed, teacher_w, batch, args.ttt)
             opt.zero_grad()
@@ -339,8 +339,9 @@ def main(argv=None) -> None:
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     steps_per_epoch = len(batches(train, args.tokens_per_batch, random.Random(0)))
     total_steps = args.steps or max(1, int(steps_per_epoch * args.epochs))
-    warm = max(1, total_steps // 50)
-    sched = lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total_steps)))
+    # linear warm-up over the first 2% of the steps, then a cosine to 0 at the last (a --time-budget refits both)
+    sched = lambda s, total: (min(1.0, (s + 1) / max(1, total // 50))
+                              * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))))
     state = load_ckpt(work, head, opt) or {"step": 0, "log": []}
     dev_type = lm.device.type
     if args.stage == "eval":

@@ -1,0 +1,141 @@
+"""An EAGLE-3 head for CPU drafting: its matrices as Q8_0 blocks, its decoder layer one C call.
+
+    fast = q8_head(head)             # once per head (None off CPU, for a float64 head, or where the kernels fail)
+    out, k, v = fast.step(emb, h, pos, past_k, past_v, mask)      # as Eagle3Head.step; [1, T, H] rows
+    logits = fast.logits(out)                                     # the final norm and the LM head, in C
+
+A drafting step reads a quarter of float32's bytes and makes three C calls (the layer, the LM head, `fc` at a
+catch-up) instead of some forty torch operations. Drafts only: verification decides what is kept, and at T > 0
+the q a draft carries is this head's.
+"""
+from __future__ import annotations
+
+import ctypes
+import weakref
+
+import torch
+
+from .eagle3_model import Eagle3Head
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+
+
+class _Q8(torch.nn.Module):
+    """A linear layer as Q8_0 blocks through the C kernel (switchsd/kernels/q4q8.c); float32 in and out."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        from ..kernels.q4q8 import Q8Linear
+        self.q8 = Q8Linear.quantize(weight)
+        self.register_buffer("weight", torch.empty(0), persistent=False)      # dtype / device, as nn.Linear's
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.q8(x)
+
+
+def _lib() -> ctypes.CDLL:
+    from ..kernels.build import load
+    from ..models.q4q8 import Dims
+    lib = load("eagle3")
+    if not getattr(lib, "_typed", False):
+        lib.eagle3_step.argtypes = [ctypes.POINTER(Dims), _P, _P, _P, _P, _I, _P, _P, _I, _P, _P, _P, _P, _P, _P]
+        lib.eagle3_step.restype = ctypes.c_int
+        lib.llama_head.argtypes = [ctypes.POINTER(Dims), _P, _I, _P, _P, ctypes.c_int, _I, _P]
+        lib.llama_head.restype = ctypes.c_int
+        lib._typed = True
+    return lib
+
+
+class Q8Eagle3Head(Eagle3Head):
+    """Eagle3Head with Q8_0 matrices (llama.cpp's: d = max |w| / 127 per 32 weights) whose `step` and `logits` run
+    in C (switchsd/kernels/eagle3.c): q|k|v and gate|up fused, norms, rotary and attention in float32. Its torch
+    modules stay (fc, and the layer for callers that run it in torch: `Eagle3Head.step` over a batch)."""
+
+    @classmethod
+    def of(cls, head: Eagle3Head) -> "Q8Eagle3Head":
+        from ..kernels.q4q8 import Q8Linear
+        from ..models.q4q8 import Dims
+        fast = cls(head.config)
+        fast.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in head.state_dict().items()})
+        fast.eval().requires_grad_(False)
+        m, a = fast.midlayer, fast.midlayer.self_attn
+        fused = [torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), a.o_proj.weight,
+                 torch.cat([m.mlp.gate_proj.weight, m.mlp.up_proj.weight]), m.mlp.down_proj.weight]
+        fast._mats = [Q8Linear.quantize(w) for w in fused]        # quantised per row: the codes of each part
+        for owner, name in ((fast, "fc"), (fast, "lm_head"), (a, "q_proj"), (a, "k_proj"), (a, "v_proj"),
+                            (a, "o_proj"), (m.mlp, "gate_proj"), (m.mlp, "up_proj"), (m.mlp, "down_proj")):
+            setattr(owner, name, _Q8(getattr(owner, name).weight))
+        fast._lm = fast.lm_head.q8
+        fast._norms = [m.input_layernorm.weight.contiguous(), m.hidden_norm.weight.contiguous(),
+                       m.post_attention_layernorm.weight.contiguous()]
+        c = head.config
+        fast._w = (ctypes.c_void_p * 4)(*[q.packed.data_ptr() for q in fast._mats])
+        fast._n = (ctypes.c_void_p * 3)(*[n.data_ptr() for n in fast._norms])
+        fast._dims = Dims(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                          c.intermediate_size, c.rms_norm_eps, c.head_dim ** -0.5, 0)
+        fast._inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
+        fast._lib = _lib()
+        return fast
+
+    def _rotary(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin [T, hd] at positions pos (eagle3_model.rope's angles; the sign of rotate-half folded
+        into the first half of sin, as llama.c's `rotate` reads it)."""
+        ang = pos.float()[:, None] * self._inv[None]
+        ang = torch.cat([ang, ang], -1)
+        half = ang.shape[-1] // 2
+        sin = ang.sin()
+        return ang.cos().contiguous(), torch.cat([-sin[:, :half], sin[:, half:]], -1).contiguous()
+
+    def step(self, emb, h, pos, past_k, past_v, mask):
+        if emb.shape[0] != 1 or emb.device.type != "cpu":
+            return super().step(emb, h, pos, past_k, past_v, mask)
+        from ..models.q4q8 import Q4Q8Llama
+        c = self.config
+        T, S = emb.shape[1], 0 if past_k is None else past_k.shape[2]
+        kc = torch.empty(c.num_key_value_heads, S + T, c.head_dim)
+        vc = torch.empty_like(kc)
+        if S:
+            kc[:, :S], vc[:, :S] = past_k[0], past_v[0]
+        if mask is not None:
+            mask = mask[None, None] if mask.dim() == 2 else mask
+        off, keys = Q4Q8Llama.keys_seen(S, T, mask)
+        cos, sin = self._rotary(pos.reshape(-1))
+        e, x = emb[0].float().contiguous(), h[0].float().contiguous()
+        out = torch.empty(T, c.hidden_size)
+        wpos = torch.arange(S, S + T, dtype=torch.int32)
+        rc = self._lib.eagle3_step(ctypes.byref(self._dims), self._w, self._n, e.data_ptr(), x.data_ptr(), T,
+                                   kc.data_ptr(), vc.data_ptr(), S + T, wpos.data_ptr(), cos.data_ptr(),
+                                   sin.data_ptr(), off.data_ptr(), keys.data_ptr(), out.data_ptr())
+        if rc:
+            raise MemoryError("EAGLE-3 head step: out of memory")
+        return out[None], kc[None, :, S:], vc[None, :, S:]
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        if out.device.type != "cpu":
+            return super().logits(out)
+        x = out.reshape(-1, out.shape[-1]).float().contiguous()
+        y = torch.empty(x.shape[0], self.config.draft_vocab_size)
+        rc = self._lib.llama_head(ctypes.byref(self._dims), x.data_ptr(), x.shape[0], self.norm.weight.data_ptr(),
+                                  self._lm.packed.data_ptr(), 1, self.config.draft_vocab_size, y.data_ptr())
+        if rc:
+            raise MemoryError("EAGLE-3 head logits: out of memory")
+        return y.view(*out.shape[:-1], -1)
+
+
+def q8_head(head: Eagle3Head) -> Eagle3Head | None:
+    """The head's Q8_0 copy (`Q8Eagle3Head`), made once per head. A float64 head (the tests' reference arithmetic)
+    is kept as it is; None off CPU, where the kernels do not build, or for shapes they do not take."""
+    from ..kernels.build import available
+    w = head.fc.weight
+    if w.device.type != "cpu" or w.dtype == torch.float64 or not available("eagle3"):
+        return None
+    if head not in _Q8HEADS:
+        try:
+            _Q8HEADS[head] = Q8Eagle3Head.of(head)
+        except ValueError:                    # dimensions the kernels do not take (multiples of 32 and 8)
+            return None
+    return _Q8HEADS[head]
+
+
+_Q8HEADS: "weakref.WeakKeyDictionary[Eagle3Head, Eagle3Head]" = weakref.WeakKeyDictionary()
