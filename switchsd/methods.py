@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from .core.config import CopyConfig, GateConfig, LookupConfig, NeuralConfig
+from .core.cost_gate import CostAware
 from .core.costs import VerifyCost
 from .core.drafting import Drafter
-from .core.policies import SAMD, BanditSpec, CostAware, Fixed, Policy, SwitchSD
+from .core.policies import SAMD, BanditSpec, Fixed, Policy, SwitchSD
 from .drafters.copy import CopyDrafter, CopySpecDrafter, PLDDrafter
 from .drafters.lookahead import LookaheadDrafter
 from .drafters.sam import SAMDrafter

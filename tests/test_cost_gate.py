@@ -20,9 +20,9 @@ from helpers import (
 )
 
 from switchsd.core.config import CopyConfig, EngineConfig, GateConfig, SamplingConfig
+from switchsd.core.cost_gate import CostAware
 from switchsd.core.costs import Calibration, EmaTimer, Survival, VerifyCost, VerifyScale
 from switchsd.core.events import StepEvent
-from switchsd.core.policies import CostAware
 from switchsd.core.probe import Probe
 from switchsd.drafters.draft_model import DraftModelDrafter
 from switchsd.factory import make_engine
@@ -148,14 +148,17 @@ def test_padded_forward_gives_the_unpadded_logits(tiny_model):
 
 
 def test_steep_curve_explores_rarely():
-    """With drafting never paying, the gate still re-tries the neural drafter now and then (bounded share)."""
+    """With drafting never paying, the gate still re-tries the neural drafter now and then, a burst of chain-1
+    steps at a time (bounded share)."""
     class Neural:
         name, path, gamma = "n", "neural", 3
     pol = CostAware(None, Neural(), None, STEEP, explore=0.05)
     from switchsd.core.policies import PolicyState
     picks = [pol.select(PolicyState([1, 2, 3], i, None, max_len=10, rows=12)).why["choice"] for i in range(1000)]
     n = picks.count("neural")
-    assert picks.count("plain") + n == 1000 and 1 <= n <= 5
+    assert picks.count("plain") + n == 1000 and pol.BURST <= n <= 5 * pol.BURST
+    first = picks.index("neural")
+    assert picks[first:first + pol.BURST] == ["neural"] * pol.BURST
 
 
 def test_plain_memo_keeps_the_gate_s_choices_and_reprices_on_evidence():
@@ -360,7 +363,8 @@ def _event(path, candidates, accepted, draft_s, verify_s, sources=None):
 
 def test_cost_gate_observe_credits_each_path():
     """observe() books a verified draft to the path that drafted it: acceptance per position (Survival), the
-    drafter's time (EmaTimer), the verify time per row count (VerifyScale); a plain step only the last."""
+    drafter's time (EmaTimer: the neural drafter's first draft after other steps apart from its steady ones), the
+    verify time per row count (VerifyScale); a plain step only the last."""
     cost = VerifyCost({1: 10.0, 2: 12.0, 4: 16.0, 8: 24.0})
     copier, neural = _Stub("copy", "copy"), _Stub("eagle3", "neural")
     pol = CostAware(copier, neural, 0.5, cost)
@@ -369,8 +373,11 @@ def test_cost_gate_observe_credits_each_path():
     pol.observe(_event("neural", [[5, 6, 7]], accepted=1, draft_s=0.004, verify_s=0.024))
     acc = pol.neural_acc
     assert acc.trials[:2] == [1.0, 1.0] and acc.hits[:2] == [1.0, 0.0]    # position 1 hit, 2 missed, 3 not reached
-    assert pol.neural_ms.get(3) == pytest.approx(4.0) and pol.plain_run == 0
+    # a first draft after plain steps resumes the head (it feeds the positions it missed): priced apart
+    assert pol.resume_ms.get(1) == pytest.approx(4.0) and not pol.neural_ms.ms and pol.plain_run == 0
     assert pol.scale.own[4] == pytest.approx(0.9 * 1.0 + 0.1 * 24.0 / 16.0)
+    pol.observe(_event("neural", [[5, 6, 7]], accepted=1, draft_s=0.002, verify_s=0.024))   # the next: steady
+    assert pol.neural_ms.get(3) == pytest.approx(2.0) and pol.resume_ms.get(1) == pytest.approx(4.0)
     pol._chosen = {"choice": "copy", "bucket": 2, "low": None, "confs": None}
     pol.observe(_event("copy", [[1, 2], [1, 3]], accepted=2, draft_s=0.001, verify_s=0.012))
     assert pol.copy_acc[2].trials[:2] == [1.0, 1.0] and pol.copy_acc[2].hits[:2] == [1.0, 1.0]

@@ -636,15 +636,15 @@ def test_confidence_gate_greedy_equals_vanilla(target, trained_head, method):
     equals vanilla, chains are drafted and verified, and the calibration learns from the verified positions (the
     tiny head is under-confident: ~0.03 on its top token, so its bins learn that it lands more than that)."""
     from switchsd.core.config import GateConfig
+    from switchsd.core.cost_gate import CostAware
     from switchsd.core.costs import VerifyCost
-    from switchsd.core.policies import CostAware
     cost = VerifyCost({1: 44.0, 2: 45.0, 4: 47.0, 8: 50.0})
     choices, updated, priced = {}, 0, 0
     for seed in range(6):
         ids = random_prompt(300 + seed, 6 + seed % 5) if seed % 2 == 0 else random_prompt(seed, 9)
         drafter = Eagle3Drafter(trained_head, target, chain=True, gamma=4)
         policy = build_policy(method, (), CopyConfig(kappa=3), drafter, tau=0.5, cost=cost,
-                              gate=GateConfig(confidence=True))
+                              gate=GateConfig(confidence=True, explore=0.05))    # re-try bursts within 30 steps
         assert isinstance(policy, CostAware) and policy.confidence
         eng = make_engine(target, policy, EngineConfig(max_new_tokens=30, budget=8, stop_at_eos=False), ())
         out = []
@@ -678,8 +678,8 @@ class _StubChain:
 def test_confidence_gate_drafts_sure_chains_and_skips_unsure_ones():
     """On an fp32-like curve (a draft row costs ~half a plain step): a chain the head is sure of is verified whole;
     one it doubts runs a plain step, and drafting stopped after its first token."""
+    from switchsd.core.cost_gate import CostAware
     from switchsd.core.costs import VerifyCost
-    from switchsd.core.policies import CostAware
     cost = VerifyCost({1: 44.0, 2: 73.0, 4: 68.0, 8: 65.0})
     sure, unsure = _StubChain([0.97, 0.95, 0.93, 0.9]), _StubChain([0.02, 0.9, 0.9, 0.9])
     for stub, choice, depth in ((sure, "neural", 4), (unsure, "plain", 1)):
@@ -698,8 +698,8 @@ def test_confidence_gate_sampling_follows_the_target(target, trained_head):
     the first two tokens follow the target's law at T = 0.7, top-k 8; drafts are accepted; the unfiltered T = 1 law
     is rejected (negative control)."""
     from switchsd.core.config import SamplingConfig
+    from switchsd.core.cost_gate import CostAware
     from switchsd.core.costs import VerifyCost
-    from switchsd.core.policies import CostAware
     sampling = SamplingConfig(0.7, 8)
     prompt = random_prompt(301, 7)
     runs = 1000

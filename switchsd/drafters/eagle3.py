@@ -54,7 +54,7 @@ def wide_head(head: Eagle3Head) -> Eagle3Head | None:
 _WIDE: "weakref.WeakKeyDictionary[Eagle3Head, Eagle3Head]" = weakref.WeakKeyDictionary()
 
 
-CATCH_UP = 32
+CATCH_UP = 128
 
 
 class Eagle3Drafter:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import time
 from pathlib import Path
@@ -302,6 +303,9 @@ def main(argv=None) -> None:
     args = parser().parse_args(argv)
     if args.bf16 is None:
         args.bf16 = torch.cuda.is_available() or cpu_has_native_bf16()
+    if not torch.cuda.is_available() and "malloc" not in os.environ.get("LD_PRELOAD", ""):
+        print("note: on a CPU, training runs ~1.6x faster with jemalloc (glibc returns each step's large buffers to "
+              "the system and faults them back in): LD_PRELOAD=libjemalloc.so.2 python -m switchsd train-eagle3 ...")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     data_stage = args.stage in ("all", "data") and not args.sharegpt    # ShareGPT data: `regen_sharegpt` writes it
