@@ -403,3 +403,35 @@ def test_a_neural_draft_must_clear_the_margin(margin, choice):
     d = pol.select(PolicyState([1, 2, 3], 0, None, max_len=10, rows=4))
     assert d.why["choice"] == choice, d.why
     assert pol.outlook()["best"]["break_even_tokens"] == pytest.approx((1 + margin) * 12.0 / 10.0)
+
+
+def test_the_head_s_steady_cost_excludes_resumptions_and_stalls():
+    """The neural drafter's steady cost is booked only from a draft right after another in the same sequence: a
+    new sequence's first draft (it feeds the head its whole context) is a resumption, and one stalled draft moves
+    the steady estimate at most 2x."""
+    from switchsd.core.policies import PolicyState
+    pol = CostAware(None, _Stub("eagle3", "neural", gamma=1), None, VerifyCost({1: 10.0, 2: 10.0}))
+    pol._chosen = {"choice": "neural", "bucket": None, "low": None, "confs": None}
+    ev = lambda ms: _event("neural", [[5]], accepted=1, draft_s=ms / 1000, verify_s=0.01)   # noqa: E731
+    pol.observe(ev(5.0))                         # the first draft: a resumption
+    pol.observe(ev(1.0))                         # steady
+    assert pol.resume_ms.get(1) == pytest.approx(5.0) and pol.neural_ms.get(1) == pytest.approx(1.0)
+    pol.observe(ev(50.0))                        # a stall: booked as 2x the estimate
+    assert pol.neural_ms.get(1) == pytest.approx(0.8 * 1.0 + 0.2 * 2.0)
+    pol.select(PolicyState([1, 2, 3], 0, None, max_len=4, rows=4))     # step 0: a new sequence
+    before = pol.neural_ms.get(1)
+    pol.observe(ev(6.0))
+    assert pol.neural_ms.get(1) == before and pol.resume_ms.get(1) == pytest.approx(0.8 * 5.0 + 0.2 * 6.0)
+
+
+@pytest.mark.parametrize("evidence,choice", [(4, "neural"), (400, "plain")])
+def test_the_gate_tries_a_head_it_knows_little_about(evidence, choice):
+    """The same estimated acceptance (0.15, a chain of one needing 0.2 on this curve) drafts while its evidence is
+    thin (the estimate raised by one standard error) and runs plain once it is firm."""
+    from switchsd.core.policies import PolicyState
+    pol = CostAware(None, _Stub("eagle3", "neural", gamma=1), None, VerifyCost({1: 10.0, 2: 11.0, 4: 14.0}),
+                    neural_margin=0.0)
+    pol.neural_acc = Survival(prior=0.15, weight=float(evidence))
+    pol.neural_ms.add(1, 1.0)
+    d = pol.select(PolicyState([1, 2, 3], 5, None, max_len=10, rows=4))
+    assert d.why["choice"] == choice, d.why

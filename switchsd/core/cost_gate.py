@@ -6,6 +6,7 @@ path's acceptance, the drafters' times and the verify times from every step. Los
 """
 from __future__ import annotations
 
+import math
 import operator
 import time
 from itertools import accumulate
@@ -27,7 +28,9 @@ class CostAware:
     envelope), rescaled by what the verify forwards of each row count actually take (`VerifyScale`); drafter ms
     are measured (`EmaTimer`).
     When the best option is a plain step, the neural drafter is re-tried (a burst of `BURST` chain-1 steps) once
-    every K plain steps, K chosen so that such probes cost at most `explore` of the time.
+    every K plain steps, K chosen so that such probes (and the head's resumption) cost at most `explore` of the
+    time. The neural drafter's acceptance is priced one standard error above its estimate (`_optimistic`), and its
+    time per draft only from drafts that follow another in the same sequence (`resume_ms` keeps the rest).
     A `lookup` drafter (prompt lookup: continuations of the last 1-2 tokens' earlier occurrences, <= 10 tokens,
     up to 3 distinct ones as a trie, most recent first) is one more option at every step, priced by its own
     acceptance, learnt per probe-score bucket: short accidental repeats (names, code tokens, formulas) pay on devices where a few more
@@ -107,6 +110,15 @@ class CostAware:
             out.append((d, min(1 + len(prefixes), limit)))
         return out
 
+    def _optimistic(self, reach: list[float]) -> list[float]:
+        """The neural chain's reach, its first token's acceptance raised by one standard error of its estimate: with
+        little evidence (a few early misses) the head is tried again; with much, the estimate itself decides."""
+        if not reach:
+            return reach
+        p, n = reach[0], self.neural_acc.seen() + self.neural_acc.weight
+        up = min(1.0, p + math.sqrt(p * (1 - p) / n)) / p if p > 0 else 1.0
+        return [r * up for r in reach]
+
     @staticmethod
     def _reach(acc: Survival, depth: int) -> list[float]:
         """P(at least i draft tokens accepted), i = 1..depth."""
@@ -142,11 +154,14 @@ class CostAware:
     BURST = 8
 
     def select(self, state: PolicyState) -> Decision:
+        if state.step == 0:                  # a new sequence: the head's first draft feeds its whole context
+            self._neural_last = False
         memo = self._plain
         if memo is not None:
             key = (min(state.max_len, getattr(self.neural, "gamma", 1)), state.rows)
             if memo[0] == key and memo[2] > 0 and self.plain_run + 1 < memo[3]:
                 self.plain_run += 1
+                self.neural_acc.relax()
                 self._plain = (key, memo[1], memo[2] - 1, memo[3])
                 return memo[1]
             self._plain = None
@@ -183,7 +198,7 @@ class CostAware:
         for d, rows in copy_cuts:
             options.append(((1 + csum[d]) / (V(rows) + c_ms), "copy", d, 0, rows))
         n_reach = (list(accumulate((self.calib.p(c) for c in confs), operator.mul)) if confs is not None else
-                   self._reach(self.neural_acc, max((g for g, _ in shapes), default=0)))
+                   self._optimistic(self._reach(self.neural_acc, max((g for g, _ in shapes), default=0))))
         nsum = list(accumulate(n_reach, initial=0.0))
         both = list(accumulate((c * n for c, n in zip(c_reach, n_reach)), initial=0.0))
         damp = 1.0 / (1.0 + self.neural_margin)    # a neural draft must beat the rest by this share
@@ -198,6 +213,7 @@ class CostAware:
         explore, every = False, None
         if best[1] == "plain" and shapes:         # (confidence mode: its calibration learns from these too)
             self.plain_run += 1
+            self.neural_acc.relax()       # as the copy paths': a head shut out by a bad stretch is re-priced later
             probe_cost = (V(2) + self.neural_ms.get(1)) / V(1) - 1
             resume = self.resume_ms.get(1) / V(1)             # the burst's first draft feeds what the head missed
             every = min(500, max(4, (self.BURST * probe_cost + resume) / self.explore))
@@ -282,8 +298,9 @@ class CostAware:
                 self.neural_acc.update(depth, acc)
                 # the head's cost while it drafts step after step; a first draft after other steps also feeds
                 # the positions it missed (up to its catch-up window), a bounded cost paid once per resumption
-                if confs is None and steady:
-                    self.neural_ms.add(depth, draft_ms)
+                if confs is None and steady:      # one stalled draft (a page fault, the OS) moves it at most 2x
+                    known = self.neural_ms.ms.get(depth)
+                    self.neural_ms.add(depth, draft_ms if known is None else min(draft_ms, 2 * known))
                 elif confs is None:
                     self.resume_ms.add(1, draft_ms)
                 self.plain_run, self._plain = 0, None
