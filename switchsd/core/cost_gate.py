@@ -29,8 +29,9 @@ class CostAware:
     are measured (`EmaTimer`).
     When the best option is a plain step, the neural drafter is re-tried (a burst of `BURST` chain-1 steps) once
     every K plain steps, K chosen so that such probes (and the head's resumption) cost at most `explore` of the
-    time. The neural drafter's acceptance is priced one standard error above its estimate (`_optimistic`), and its
-    time per draft only from drafts that follow another in the same sequence (`resume_ms` keeps the rest).
+    time. The neural drafter's acceptance is priced one standard error above its estimate (`_optimistic`), its
+    evidence fades on plain steps as the copy paths' does, and its time per draft comes only from drafts that
+    follow another in the same sequence (`resume_ms` keeps the rest).
     A `lookup` drafter (prompt lookup: continuations of the last 1-2 tokens' earlier occurrences, <= 10 tokens,
     up to 3 distinct ones as a trie, most recent first) is one more option at every step, priced by its own
     acceptance, learnt per probe-score bucket: short accidental repeats (names, code tokens, formulas) pay on devices where a few more
@@ -256,7 +257,7 @@ class CostAware:
             return None
         v1 = self._verify_ms(1, 1 << 30)
         g_max = max(1, getattr(self.neural, "gamma", 1))
-        reach = self._reach(self.neural_acc, g_max)
+        reach = self._optimistic(self._reach(self.neural_acc, g_max))      # as `select` prices it
         chains = []
         for g in range(1, g_max + 1):
             cost = self._verify_ms(g + 1, 1 << 30) + self.neural_ms.get(g)

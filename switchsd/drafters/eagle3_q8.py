@@ -15,6 +15,9 @@ import weakref
 
 import torch
 
+from ..kernels.build import available, load
+from ..kernels.q4q8 import Q8Linear
+from ..models.q4q8 import Dims, Q4Q8Llama, rotary_tables
 from .eagle3_model import Eagle3Head
 
 _P = ctypes.c_void_p
@@ -26,7 +29,6 @@ class _Q8(torch.nn.Module):
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
-        from ..kernels.q4q8 import Q8Linear
         self.q8 = Q8Linear.quantize(weight)
         self.register_buffer("weight", torch.empty(0), persistent=False)      # dtype / device, as nn.Linear's
 
@@ -35,8 +37,6 @@ class _Q8(torch.nn.Module):
 
 
 def _lib() -> ctypes.CDLL:
-    from ..kernels.build import load
-    from ..models.q4q8 import Dims
     lib = load("eagle3")
     if not getattr(lib, "_typed", False):
         lib.eagle3_step.argtypes = [ctypes.POINTER(Dims), _P, _P, _P, _P, _I, _P, _P, _I, _P, _P, _P, _P, _P, _P]
@@ -54,8 +54,6 @@ class Q8Eagle3Head(Eagle3Head):
 
     @classmethod
     def of(cls, head: Eagle3Head) -> "Q8Eagle3Head":
-        from ..kernels.q4q8 import Q8Linear
-        from ..models.q4q8 import Dims
         fast = cls(head.config)
         fast.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in head.state_dict().items()})
         fast.eval().requires_grad_(False)
@@ -75,22 +73,20 @@ class Q8Eagle3Head(Eagle3Head):
         fast._dims = Dims(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                           c.intermediate_size, c.rms_norm_eps, c.head_dim ** -0.5, 0)
         fast._inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
+        fast._cos, fast._sin = rotary_tables(fast._inv, 256)
         fast._lib = _lib()
         return fast
 
     def _rotary(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin [T, hd] at positions pos (eagle3_model.rope's angles; the sign of rotate-half folded
-        into the first half of sin, as llama.c's `rotate` reads it)."""
-        ang = pos.float()[:, None] * self._inv[None]
-        ang = torch.cat([ang, ang], -1)
-        half = ang.shape[-1] // 2
-        sin = ang.sin()
-        return ang.cos().contiguous(), torch.cat([-sin[:, :half], sin[:, half:]], -1).contiguous()
+        """cos and signed sin [T, hd] at positions pos, from tables grown as positions come (`rotary_tables`)."""
+        need = int(pos.max()) + 1
+        if self._cos.shape[0] < need:
+            self._cos, self._sin = rotary_tables(self._inv, max(need, 2 * self._cos.shape[0]))
+        return self._cos[pos].contiguous(), self._sin[pos].contiguous()
 
     def step(self, emb, h, pos, past_k, past_v, mask):
         if emb.shape[0] != 1 or emb.device.type != "cpu":
             return super().step(emb, h, pos, past_k, past_v, mask)
-        from ..models.q4q8 import Q4Q8Llama
         c = self.config
         T, S = emb.shape[1], 0 if past_k is None else past_k.shape[2]
         kc = torch.empty(c.num_key_value_heads, S + T, c.head_dim)
@@ -126,7 +122,6 @@ class Q8Eagle3Head(Eagle3Head):
 def q8_head(head: Eagle3Head) -> Eagle3Head | None:
     """The head's Q8_0 copy (`Q8Eagle3Head`), made once per head. A float64 head (the tests' reference arithmetic)
     is kept as it is; None off CPU, where the kernels do not build, or for shapes they do not take."""
-    from ..kernels.build import available
     w = head.fc.weight
     if w.device.type != "cpu" or w.dtype == torch.float64 or not available("eagle3"):
         return None

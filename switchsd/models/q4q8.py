@@ -56,6 +56,16 @@ def _csr(vis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return off, cols.to(torch.int32).contiguous()
 
 
+def rotary_tables(inv_freq: torch.Tensor, n: int, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and signed sin [n, hd] for positions 0 .. n - 1 (rotate-half's sign folded into sin's first half, as
+    llama.c's `rotate` reads it). inv_freq: [hd / 2]."""
+    freqs = torch.arange(n).float()[:, None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos() * scale, emb.sin() * scale
+    half = sin.shape[-1] // 2
+    return cos.contiguous(), torch.cat((-sin[:, :half], sin[:, half:]), -1).contiguous()
+
+
 class Dims(ctypes.Structure):
     _fields_ = [("d", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("inter", _I),
                 ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("path", ctypes.c_int)]
@@ -180,11 +190,7 @@ class Q4Q8Llama:
         if self._cos is not None and need <= self._cos.shape[0]:
             return
         n = max(need, 2 * (0 if self._cos is None else self._cos.shape[0]), 256)
-        freqs = torch.arange(n).float()[:, None] * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos() * self.rope_scale, emb.sin() * self.rope_scale
-        half = sin.shape[-1] // 2
-        self._cos, self._sin = cos.contiguous(), torch.cat((-sin[:, :half], sin[:, half:]), -1).contiguous()
+        self._cos, self._sin = rotary_tables(self.inv_freq, n, self.rope_scale)
 
     @staticmethod
     def keys_seen(start: int, T: int, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
