@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup browser compiler run lint test test-fast calibrate screenshots vllm vllm-serve clean
+.PHONY: setup browser compiler run lint test test-fast calibrate screenshots vllm vllm-serve llama-cpp report clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -45,6 +45,17 @@ test-fast: setup      ## skip tests that load the real model
 
 screenshots: setup browser   ## refresh the README's screenshots (docs/img) from the real app in Chromium
 	SWITCHSD_SCREENSHOTS=docs/img $(BIN)/python -m pytest -q tests/test_browser.py
+
+# llama.cpp's own llama-server / llama-bench / llama-quantize from the llama-cpp-python 0.3.36 source distribution,
+# static, into ~/.cache/switchsd/llama.cpp (about 10 minutes on 2 cores, once), and the shipped EAGLE-3 head
+# converted by llama.cpp's converter: the benchmark's llama-cpp* rows. LLAMA_CPP_AMX=1 also tries an AMX build.
+llama-cpp: setup compiler   ## build llama.cpp's server for the benchmark's llama-cpp rows (outside the repository)
+	$(BIN)/pip install -q sentencepiece    # llama.cpp's converter imports it
+	PY=$(BIN)/python bash scripts/build_llama_cpp.sh
+	$(BIN)/python -m switchsd.eval.llama_server --convert-head assets/eagle3-smollm2-135m
+
+report: setup         ## rebuild docs/results.md and the README's results block from docs/records
+	$(BIN)/python -m switchsd report
 
 calibrate: setup      ## measure this device's verification cost curve
 	$(BIN)/python -m switchsd calibrate

@@ -98,7 +98,8 @@ def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bo
     clocks = {m: race_timeline(g) for m, g in runs.items()}
     end = max(ts[-1] for ts, _ in clocks.values() if ts)
     how = (f"lanes took turns of {TURN} steps each, each lane's clock counting its own steps, after a warm-up"
-           + (f"; each lane: its median of {repeats} rounds; a speedup: the median of the same-round ratios"
+           + (f"; vanilla shows its median of {repeats} rounds, every other lane the round of its median ratio to "
+              "vanilla in the same round (its tok/s, speedup and vanilla's tok/s on its line are that round's)"
               if repeats > 1 else ""))
     t, step = 0.0, end / 40
     while True:
@@ -167,9 +168,10 @@ def _race_frame(lm, result: RaceResult, cut, with_vanilla, status, ref, clocks) 
         g = lane.shown
         evs = g.events[:cut.get(m, len(g.events))]
         badge = None if ref is None or m == "vanilla" else _badge(lm, g.token_ids, ref[0], ref[1].get(m))
-        speed = f" · {result.speedup(m):.2f}x vanilla" if m != result.reference else ""
+        speed = (f" · {result.speedup(m):.2f}x vanilla's {result.reference_tok_s(m):.1f} tok/s in the same round"
+                 if m != result.reference else "")
         runs = " / ".join(f"{x.stats['tok_s']:.1f}" for x in lane.runs)
-        stats = (f"{g.stats['new_tokens']} tokens in {g.stats['wall_s']:.2f} s · {lane.tok_s:.1f} tok/s{speed} · "
+        stats = (f"{g.stats['new_tokens']} tokens in {g.stats['wall_s']:.2f} s · {g.stats['tok_s']:.1f} tok/s{speed} · "
                  f"{g.stats['tok_per_fwd']:.2f} tok/fwd" + (f" · runs {runs} tok/s" if len(lane.runs) > 1 else ""))
         lanes.append(lane_html(m, lm.tokenizer, evs, badge, stats, _paths_line(g), gate_sentence(lane)))
     lanes_ev = {m: lane.shown.events[:cut.get(m, len(lane.shown.events))] for m, lane in shown.items()}

@@ -154,9 +154,11 @@ def generate_tab(res: Resources, precision: gr.Radio, model_status: gr.Markdown)
 def race_tab(res: Resources, precision: gr.Radio, chat: gr.Checkbox, model_status: gr.Markdown) -> None:
     with gr.Tab("Race", id="tab-race"):
         gr.Markdown("Vanilla vs SwitchSD vs EAGLE3 vs CopySpec on one prompt, with the defaults. Every lane is timed "
-                    "the same way: a short warm-up of each method first, then rounds in which **the lanes take turns, one "
-                    "step each**, each lane's clock counting only its own steps; each lane shows its median run, replayed on a common clock, its speedup over vanilla, "
-                    "its paths, and whether its text equals vanilla's. A lane whose cost gate kept it plain says why.")
+                    "the same way: a short warm-up of each method first, then rounds in which **the lanes take turns of "
+                    f"{race.TURN} steps each** (in a shuffled order), each lane's clock counting only its own steps. "
+                    "Vanilla shows its median run; every other lane shows the round of its median speedup, with its "
+                    "tok/s and vanilla's tok/s in that same round, replayed on a common clock, with its paths and "
+                    "whether its text equals vanilla's. A lane whose cost gate kept it plain says why.")
         with gr.Row():
             prompt = gr.Textbox(label="Prompt", lines=3, value=PRESETS["Copy: code rewrite"].prompt,
                                 elem_id="race-prompt", scale=3)

@@ -188,3 +188,21 @@ def test_the_replay_clock_is_the_tok_s_clock():
         ends = [e.timings["end"] for e in run.events]
         assert all(b >= a for a, b in zip(ends, ends[1:])) and 0 < ends[-1] <= run.stats["wall_s"]
         assert run.stats["tok_s"] == pytest.approx(run.stats["new_tokens"] / run.stats["wall_s"])
+
+
+def test_a_lane_s_line_is_one_round_its_speedup_and_both_tok_s():
+    """A lane's shown run, its speedup and the reference's Tok/s beside it come from the same round: shown Tok/s
+    over the reference's in that round equals the speedup (a lane showing its median run beside a median of
+    ratios could read "10.2 tok/s, 1.09x vanilla" next to vanilla's 14.2)."""
+    slow = lambda t: 1.0 + 0.8 * ((int(t * 7) % 3) == 0)      # uneven spells: rounds differ
+    result, _ = _race(warmup_tokens=8, repeats=5, lanes=("a", "b", "c"), slow=slow, turn=8)
+    ratios = {}
+    for name in ("b", "c"):
+        lane, i = result.lanes[name], result.median_round(name)
+        assert lane.shown is lane.runs[i]
+        same = result.lanes["a"].runs[i].stats["tok_s"]
+        assert result.reference_tok_s(name) == same
+        assert lane.shown.stats["tok_s"] / same == pytest.approx(result.speedup(name))
+        ratios[name] = sorted(r.stats["tok_s"] / v.stats["tok_s"]
+                              for r, v in zip(lane.runs, result.lanes["a"].runs))
+        assert result.speedup(name) == ratios[name][2]            # the median of five same-round ratios

@@ -12,6 +12,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("switchsd.cli.generate", "decode one prompt with one method and print the text (or --json)"),
     "bench": ("switchsd.eval.bench", "methods and peers side by side on a dataset (Tok/s, speedup, identity)"),
+    "report": ("switchsd.eval.report", "rebuild docs/results.md and the README's results from docs/records"),
     "calibrate": ("switchsd.models.calibrate", "measure this device's verification cost curve (the cost gate's)"),
     "quality": ("switchsd.eval.quality", "task accuracy of lossy verification rules against lossless"),
     "serve-bench": ("switchsd.serve.bench", "batched serving: plain, speculative and MineDraft PSD under load"),

@@ -5,11 +5,14 @@
 
 Methods run prompt by prompt, interleaved (so slow drifts of the machine hit all methods alike). Besides ours
 (`switchsd.methods.METHODS`, with variants), the peers a transformers user already has: `hf` (the model's own
-`generate`), `hf-pld` (`generate(prompt_lookup_num_tokens=10)`) and, with --draft, `hf-assisted`.
+`generate`), `hf-pld` (`generate(prompt_lookup_num_tokens=10)`) and, with --draft, `hf-assisted`; llama.cpp's
+own server on the same GGUF (`make llama-cpp`): `llama-cpp`, `llama-cpp-ngram`, `llama-cpp-eagle3`,
+`llama-cpp-hybrid` (switchsd.eval.llama_server).
 Reported per method: Tok/s as the mean of per-prompt rates (Spec-Bench) and as total tokens / total time,
 speedup = mean Tok/s over vanilla's, tokens per target forward (bonus included), per path % of
 iterations and MAL (accepted draft tokens per step), and how many outputs are identical to vanilla.
-Writes results.json and table.md to --out; the LAST printed line is a one-line JSON summary.
+Writes results.json, table.md and record.json.gz (the self-describing record `switchsd report` reads) to --out;
+the LAST printed line is a one-line JSON summary.
 """
 from __future__ import annotations
 
@@ -18,7 +21,6 @@ import hashlib
 import json
 import platform
 import re
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -39,45 +41,20 @@ from ..cli.common import (
     load_prompt_file,
     resolve_budget,
 )
-from ..core.events import add_counts
 from ..core.policies import Fixed
 from ..drafters.oracle import OracleDrafter
-from ..factory import make_engine
+from ..factory import DEFAULT_HEADS, DEFAULT_PROBES, make_engine
 from ..io import write_text_atomic
 from ..methods import METHODS
-from ..models.loading import ModelLoadError, gguf_model, gguf_path, load_model
+from ..models.loading import DEFAULT_MODEL, ModelLoadError, default_model_folder, gguf_model, gguf_path, load_model
+from . import llama_server
 from .datasets import DATASETS
+from .llama_server import SERVER_PEERS, LlamaServerPeer
 from .mismatch import explain, summarize_mismatches
-from .peers import LLAMA_CPP, PEERS, HFPeer, LlamaCppPeer, llama_cpp_missing
+from .peers import HF_PEERS, HFPeer
+from .records import aggregate, write_record
 
-
-def aggregate(records: list[dict], vanilla_ids: dict) -> dict:
-    """Records of one method -> its summary row."""
-    rates = [r["stats"]["tok_s"] for r in records]
-    tokens = sum(r["stats"]["new_tokens"] for r in records)
-    wall = sum(r["stats"]["wall_s"] for r in records)
-    steps = sum(r["stats"]["steps"] for r in records)
-    paths: dict[str, dict] = {}
-    for r in records:
-        for name, p in r["stats"]["paths"].items():
-            a = paths.setdefault(name, {"steps": 0, "accepted": 0, "zero": 0, "tried": [], "hit": []})
-            a["steps"] += p["steps"]
-            a["accepted"] += p["accepted"]
-            a["zero"] += p.get("zero", 0)
-            for key in ("tried", "hit"):                  # per draft position (switchsd.core.events)
-                add_counts(a[key], p.get(key, []))
-    return {
-        "tok_s": statistics.mean(rates) if rates else 0.0,
-        "tok_s_total": tokens / wall if wall else 0.0,
-        "tok_per_fwd": tokens / steps if steps else 0.0,
-        "new_tokens": tokens,
-        "identical": sum(r["token_ids"] == vanilla_ids[r["id"]] for r in records),
-        "n": len(records),
-        "paths": {k: {"pct": 100.0 * v["steps"] / steps, "mal": v["accepted"] / v["steps"],
-                      "zero_accept": v["zero"] / v["steps"],
-                      **({"accept_at": [h / t for h, t in zip(v["hit"], v["tried"])]} if v["tried"] else {})}
-                  for k, v in sorted(paths.items())},
-    }
+PEERS = HF_PEERS + SERVER_PEERS
 
 
 def _mismatches(args, lm, prompts: dict, records: dict, vanilla_ids: dict) -> list[dict]:
@@ -149,10 +126,13 @@ def parse(argv=None) -> tuple[argparse.Namespace, list[str], list[dict]]:
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--methods", default="hf,hf-pld,vanilla,pld,copyspec,eagle3,switchsd,switchsd-paper",
                     help=f"comma-separated: {', '.join(METHODS)} (variants NAME@chainG, NAME@treeKxDxN, +kN, +tX), "
-                         f"oracle, and the transformers peers {', '.join(PEERS)}")
+                         f"oracle, and the peers {', '.join(PEERS)}")
     ap.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     ap.add_argument("--warmup", type=int, default=1, help="warm-up generations per method before timing")
     ap.add_argument("--out", default="runs/bench")
+    ap.add_argument("--record", default=None,
+                    help="where to write the run's record (default: OUT/record.json.gz; the committed ones: "
+                         "docs/records/)")
     ap.add_argument("--fresh", action="store_true",
                     help="discard a partial run in --out (default: resume it, prompt by prompt)")
     add_model_args(ap)
@@ -198,27 +178,42 @@ def run(args: argparse.Namespace, methods: list[str], prompts: list[dict]) -> Be
     neural = Neural(args, lm)
     eos = lm.eos_ids()
 
-    for peer in [m for m in methods if m in LLAMA_CPP]:
-        why = llama_cpp_missing() or (None if gguf_model(args.model) else
-                                      "llama-cpp skipped: it needs a GGUF model (the offline default or a .gguf file)")
+    head_gguf = None
+    for peer in [m for m in methods if m in SERVER_PEERS]:
+        why = llama_server.missing() or (None if gguf_model(args.model) else
+                                         "it needs a GGUF model (the offline default or a .gguf file)")
         if why is None and cfg.sampling.temperature > 0:
-            why = "llama-cpp skipped: greedy only (T = 0)"
+            why = "greedy only (T = 0)"
+        if why is None and peer in llama_server.NEEDS_HEAD and head_gguf is None:
+            head = Path(args.eagle) if args.eagle != "auto" else DEFAULT_HEADS.get(lm.name)
+            try:
+                if head is None or not (head / "model.safetensors").exists():
+                    raise RuntimeError(f"no EAGLE-3 head folder for {lm.name} (--eagle DIR)")
+                head_gguf = llama_server.eagle3_gguf(head, default_model_folder() if args.model in (
+                    None, DEFAULT_MODEL) else Path(args.model).parent)
+            except (RuntimeError, OSError) as e:
+                why = str(e).splitlines()[0]
         if why:
-            print(why.replace("llama-cpp", peer, 1), file=sys.stderr)
+            print(f"{peer} skipped: {why}", file=sys.stderr)
             methods.remove(peer)
 
     def make(m: str, cfg):
-        if m in LLAMA_CPP:
-            return LlamaCppPeer(gguf_path(args.model), cfg, eos, lookup=m == "llama-cpp-pld")
+        if m in SERVER_PEERS:
+            return LlamaServerPeer(m, gguf_path(args.model), cfg, eos, head_gguf, log=Path(args.out) / f"{m}.log")
         if m in PEERS:
             return HFPeer(m, lm.model, cfg, eos, neural.drafters.draft_model if m == "hf-assisted" else None)
         return build_engine(m, lm, cfg, copy_cfg, neural)
 
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     engines = {m: make(m, cfg) for m in methods if m != "oracle"}
     oracle = lambda ref: make_engine(lm.model, Fixed([OracleDrafter(ref)]), cfg, eos, lm.max_length)
     # Warm-up: every method once on the first prompt (not timed, not recorded).
     for m in methods:
         if m == "oracle":
+            continue
+        if m in SERVER_PEERS:        # a server warms up on the first prompt itself (its own process, one start)
+            for _ in range(args.warmup):
+                engines[m].run(encoded[0][1], torch.Generator().manual_seed(0))
             continue
         warm = make(m, engine_config(argparse.Namespace(**{**vars(args), "max_new_tokens": 16}), budget))
         for _ in range(args.warmup):
@@ -257,11 +252,19 @@ def run(args: argparse.Namespace, methods: list[str], prompts: list[dict]) -> Be
         with open(out / "partial.jsonl", "a") as f:
             f.write(json.dumps({"id": pid, "records": row}) + "\n")
     bar.close()
+    for m in methods:
+        if m in SERVER_PEERS:
+            engines[m].close()
     meta = {"dataset": args.dataset, "n_prompts": len(encoded), "methods": methods, "model": lm.name,
             "device": str(lm.device), "dtype": lm.precision, "chat": chat, "budget": budget,
             "budget_source": source, "engine": asdict(cfg), "copy": asdict(copy_cfg),
             "torch": torch.__version__, "platform": platform.platform(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": args.command}
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": args.command,
+            "max_new_tokens": cfg.max_new_tokens, "eagle": args.eagle, "probe": args.probe,
+            "head_path": str(DEFAULT_HEADS.get(lm.name, "")) if args.eagle == "auto" else args.eagle,
+            "probe_path": str(DEFAULT_PROBES.get(lm.name, "")) if args.probe == "auto" else args.probe,
+            "llama_cpp": llama_server.version() if any(m in SERVER_PEERS for m in methods) else None,
+            "head_gguf": str(head_gguf) if head_gguf else None}
     return BenchRun(lm, methods, encoded, records, vanilla_ids, meta)
 
 
@@ -286,6 +289,10 @@ def report(args: argparse.Namespace, r: BenchRun) -> None:
     if mismatches is not None:
         write_text_atomic(out / "results.json", json.dumps({"meta": r.meta, "summary": summary,
                                                             "mismatches": mismatches, "records": records}, indent=1))
+    texts = {m: {x["id"]: r.lm.tokenizer.decode(x["token_ids"]) for x in records[m]} for m in methods}
+    path = write_record(Path(args.record) if args.record else out / "record.json.gz", meta=r.meta,
+                        methods=methods, records=records, texts=texts, mismatches=mismatches)
+    print(f"record: {path} (switchsd report builds the results pages from records)", file=sys.stderr)
     md = table(summary)
     m = r.meta
     (out / "table.md").write_text(f"{args.dataset}, {len(r.encoded)} prompts, {m['model']} on {m['device']} "

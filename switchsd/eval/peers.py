@@ -1,12 +1,8 @@
-"""What users already have, as benchmark rows: transformers' own `generate`, and llama.cpp.
+"""What transformers users already have, as benchmark rows (llama.cpp's rows: `switchsd.eval.llama_server`).
 
 - `hf`: `model.generate` (greedy, or sampling with the same temperature / top-k / top-p);
 - `hf-pld`: `generate(..., prompt_lookup_num_tokens=10)` (prompt lookup decoding);
 - `hf-assisted`: `generate(..., assistant_model=DRAFT)` (assisted generation with a small draft model);
-- `llama-cpp`: llama.cpp (`llama-cpp-python`, an optional dependency built from source) on the same GGUF file,
-  greedy, the same prompt token ids (chat template included), as many threads as torch uses;
-- `llama-cpp-pld`: the same with llama-cpp-python's prompt-lookup drafting (`LlamaPromptLookupDecoding`,
-  10 tokens per draft, its default); its target forwards are not exposed, so its tokens per forward are unknown.
 
 A peer runs like an Engine (`run(ids, generator) -> Generation`, wall time around the call, stop at EOS), so
 the benchmark times it the same way, with transformers' default attention kernel (SDPA) even where our
@@ -23,16 +19,15 @@ import torch
 from ..core.config import EngineConfig
 from ..core.engine import Generation
 
-PEERS = ("hf", "hf-pld", "hf-assisted", "llama-cpp", "llama-cpp-pld")
-LLAMA_CPP = ("llama-cpp", "llama-cpp-pld")
+HF_PEERS = ("hf", "hf-pld", "hf-assisted")
 PLD_TOKENS = 10
 DEFAULT_ATTENTION = "sdpa"     # what from_pretrained picks when not told otherwise
 
 
 class HFPeer:
     def __init__(self, kind: str, model, cfg: EngineConfig, eos_ids: Sequence[int], assistant=None):
-        if kind not in PEERS:
-            raise ValueError(f"unknown peer {kind!r}; choose from {', '.join(PEERS)}")
+        if kind not in HF_PEERS:
+            raise ValueError(f"unknown peer {kind!r}; choose from {', '.join(HF_PEERS)}")
         if kind == "hf-assisted" and assistant is None:
             raise ValueError("hf-assisted needs a draft model (--draft MODEL)")
         self.kind, self.model, self.cfg, self.assistant = kind, model, cfg, assistant
@@ -85,52 +80,3 @@ class HFPeer:
 
     def close(self) -> None:
         pass
-
-
-def llama_cpp_missing() -> str | None:
-    """None when the llama-cpp peer can run, else why not (the bench skips the row with this message)."""
-    import importlib.util
-    if importlib.util.find_spec("llama_cpp") is None:
-        return ("llama-cpp skipped: llama-cpp-python is not installed (optional; `pip install llama-cpp-python` "
-                "builds llama.cpp from source, ~10 min on 2 cores; scripts/install_llama_cpp.sh)")
-    return None
-
-
-class LlamaCppPeer:
-    """llama.cpp on a GGUF file: greedy (temperature 0, no repeat penalty), stop at EOS or max_new_tokens."""
-
-    def __init__(self, gguf_path, cfg: EngineConfig, eos_ids: Sequence[int], threads: int | None = None,
-                 lookup: bool = False):
-        if not cfg.sampling.greedy:
-            raise ValueError("the llama-cpp peer runs greedy decoding only (T = 0)")
-        from llama_cpp import Llama
-        draft = None
-        if lookup:                                    # llama-cpp-python's prompt lookup, with its defaults
-            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-            draft = LlamaPromptLookupDecoding()
-        self.kind = "llama-cpp-pld" if lookup else "llama-cpp"
-        self.cfg, self.eos = cfg, set(int(e) for e in eos_ids) if cfg.stop_at_eos else set()
-        self.llm = Llama(model_path=str(gguf_path), n_ctx=4096, n_threads=threads or torch.get_num_threads(),
-                         n_threads_batch=threads or torch.get_num_threads(), verbose=False, draft_model=draft,
-                         logits_all=lookup)      # a draft's rows need logits (else past 512 tokens its buffer overruns)
-
-    def run(self, prompt_ids: Sequence[int], generator: torch.Generator | None = None) -> Generation:
-        new: list[int] = []
-        t0 = time.perf_counter()
-        self.llm.reset()              # a fresh context per prompt, as the engine prefills every prompt
-        for tok in self.llm.generate([int(t) for t in prompt_ids], top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
-                                     repeat_penalty=1.0, reset=True):
-            new.append(int(tok))
-            if tok in self.eos or len(new) >= self.cfg.max_new_tokens:
-                break
-        wall = time.perf_counter() - t0
-        steps = len(new)
-        tpf = 1.0 if self.kind == "llama-cpp" else float("nan")        # prompt lookup's forwards are not exposed
-        stats = {"new_tokens": len(new), "steps": steps, "target_forwards": steps, "tok_per_fwd": tpf,
-                 "wall_s": wall, "tok_s": len(new) / wall if wall > 0 else 0.0, "draft_s": 0.0, "verify_s": wall,
-                 "paths": {self.kind: {"steps": steps, "accepted": 0, "drafted": 0, "zero": 0, "pct": 100.0,
-                                       "mal": 0.0}}}
-        return Generation(list(prompt_ids), new, [], stats)
-
-    def close(self) -> None:
-        self.llm.close() if hasattr(self.llm, "close") else None

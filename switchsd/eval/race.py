@@ -49,15 +49,19 @@ class LaneResult:
     spec: LaneSpec
     runs: list[Generation] = field(default_factory=list)
     gates: list[dict | None] = field(default_factory=list)   # per run: the cost gate's outlook at its end
+    pick: int | None = None     # the round shown (RaceResult.settle: the round of the median same-round ratio)
 
     @property
     def median_index(self) -> int:
+        if self.pick is not None:
+            return self.pick
         order = sorted(range(len(self.runs)), key=lambda i: self.runs[i].stats["tok_s"])
         return order[(len(order) - 1) // 2]
 
     @property
     def shown(self) -> Generation:
-        """The run the lane shows and replays: its median by Tok/s."""
+        """The run the lane shows and replays: the reference lane's median by Tok/s; any other lane's run in the
+        round whose ratio to the reference is the median ratio (so its Tok/s and speedup are one round's)."""
         return self.runs[self.median_index]
 
     @property
@@ -74,11 +78,31 @@ class RaceResult:
     lanes: dict[str, LaneResult]
     reference: str                  # the lane the speedups divide by (vanilla)
 
-    def speedup(self, name: str) -> float:
-        """The median over rounds of this lane's Tok/s over the reference's in the same round."""
+    def settle(self) -> None:
+        """After the last round: every lane but the reference shows the round of its median ratio."""
+        for name, lane in self.lanes.items():
+            if name != self.reference:
+                lane.pick = self.median_round(name)
+
+    def _ratios(self, name: str) -> list[tuple[float, int]]:
         lane, ref = self.lanes[name].runs, self.lanes[self.reference].runs
-        ratios = [a.stats["tok_s"] / b.stats["tok_s"] for a, b in zip(lane, ref) if b.stats["tok_s"] > 0]
-        return statistics.median(ratios) if ratios else 0.0
+        return sorted((a.stats["tok_s"] / b.stats["tok_s"], i) for i, (a, b) in enumerate(zip(lane, ref))
+                      if b.stats["tok_s"] > 0)
+
+    def median_round(self, name: str) -> int | None:
+        """The round whose same-round ratio to the reference is the median (the lower middle of an even count)."""
+        r = self._ratios(name)
+        return r[(len(r) - 1) // 2][1] if r else None
+
+    def speedup(self, name: str) -> float:
+        """This lane's Tok/s over the reference's in the same round, in the round of the median ratio."""
+        r = self._ratios(name)
+        return r[(len(r) - 1) // 2][0] if r else 0.0
+
+    def reference_tok_s(self, name: str) -> float:
+        """The reference's Tok/s in the round `speedup(name)` comes from."""
+        i = self.median_round(name)
+        return self.lanes[self.reference].runs[i].stats["tok_s"] if i is not None else 0.0
 
 
 def timeline(run: Generation) -> tuple[list[float], list[int]]:
@@ -177,6 +201,7 @@ def race(build: Callable[[LaneSpec, int], Engine], lanes: Sequence[LaneSpec], id
         for spec, (g, outlook) in zip(live, run(run_round, engines, ids, clock, r, turn)):
             result.lanes[spec.name].runs.append(g)
             result.lanes[spec.name].gates.append(outlook)
+    result.settle()
     yield result
 
 
