@@ -3,7 +3,6 @@ Each returns/yields plain values (HTML strings, Plotly figures, state) so they c
 from __future__ import annotations
 
 import html
-import os
 import time
 from contextlib import closing
 from dataclasses import replace
@@ -12,6 +11,7 @@ from typing import Any, Iterator, NamedTuple
 import gradio as gr
 import torch
 
+from switchsd import envs
 from switchsd.core.events import StepEvent, summarize
 
 from . import plots
@@ -25,16 +25,16 @@ MAX_NEW_TOKENS = 1024
 # go.Figures took 40-80 ms per refresh) and live plots are drawn by the page script (app/page.js: a canvas
 # on small machines, since a Plotly redraw costs ~10 ms of browser CPU per plot). Measured with
 # scripts/app_overhead.py (docs/results.md).
-REFRESH_S = float(os.environ.get("SWITCHSD_REFRESH_S", 0.5))        # the token view, not per token
-PLOT_REFRESH_S = float(os.environ.get("SWITCHSD_PLOT_REFRESH_S", 0.5))   # the four live plots
-FULL_REFRESH_S = float(os.environ.get("SWITCHSD_FULL_REFRESH_S", 3.0))   # whole view through Gradio (API)
+REFRESH_S = envs.get("SWITCHSD_REFRESH_S")        # the token view, not per token
+PLOT_REFRESH_S = envs.get("SWITCHSD_PLOT_REFRESH_S")   # the four live plots
+FULL_REFRESH_S = envs.get("SWITCHSD_FULL_REFRESH_S")   # whole view through Gradio (API)
 # the first live frame once a run has lasted this long: a frame costs the browser tens of ms of CPU on the cores the
 # engine decodes on, which a run of a few hundred ms (128 tokens at q4q8's speed) would pay for nothing
-FIRST_FRAME_S = float(os.environ.get("SWITCHSD_FIRST_FRAME_S", 1.0))
+FIRST_FRAME_S = envs.get("SWITCHSD_FIRST_FRAME_S")
 # a click costs the browser 60-100 ms of CPU (Gradio's request and messages, the status, style and layout of a
 # page holding the last run's plots and tokens); the engine starts this long after the click so that this work
 # does not land on its prefill (measured with scripts/app_overhead.py: prefills of 70 ms ran 100-290 ms)
-SETTLE_S = float(os.environ.get("SWITCHSD_SETTLE_S", 0.15))
+SETTLE_S = envs.get("SWITCHSD_SETTLE_S")
 PLOT_IDS = ("plot-accept", "plot-probe", "plot-copy-rate", "plot-toks")    # elem ids, in output order
 UI_SHARE = 0.05            # ...and both less often when drawing would take more than this share of the time
 

@@ -5,12 +5,12 @@ its text equals vanilla's."""
 from __future__ import annotations
 
 import html
-import os
 import time
 from typing import Any, Iterator, NamedTuple
 
 import gradio as gr
 
+from switchsd import envs
 from switchsd.core.config import TreeConfig
 from switchsd.eval.race import TURN, LaneResult, LaneSpec, RaceResult, plain_share
 from switchsd.eval.race import race as race_lanes
@@ -38,7 +38,7 @@ NO_GATE = LaneSpec("eagle3 (no cost gate)", f"eagle3@tree{_T.top_k}x{_T.depth}x{
 RACE_REPEATS = 3
 # Pause between a progress frame and the next timed run, so that Gradio's sending of the frame (on its event
 # loop) and the page's redraw happen before the run's clock starts rather than during it.
-SETTLE_S = float(os.environ.get("SWITCHSD_RACE_SETTLE_S", "0.3"))
+SETTLE_S = envs.get("SWITCHSD_RACE_SETTLE_S")
 
 
 def race(res: Resources, prompt: str, max_new: int, chat: bool, with_vanilla: bool = True, replay_speed: float = 4.0,

@@ -107,10 +107,12 @@ class Resources:
         return self._drafters[key]
 
     def engine(self, method: str, max_new_tokens: int, temperature: float = 0.0, tau: float | None = None,
-               kappa: int = GateConfig.kappa, width: int = CopyConfig.max_candidates,
+               kappa: int = 0, width: int = CopyConfig.max_candidates,
                depth: int = CopyConfig.max_draft_len, gamma: int | None = None, dtype: str | None = None,
                verify: str = EngineConfig.verify) -> Engine:
-        """`gamma` > 0: a fixed neural chain of that length; None / 0: the default shape (NeuralConfig)."""
+        """`gamma` > 0: a fixed neural chain of that length; None / 0: the default shape (NeuralConfig). `kappa` 0:
+        each path's default, as on the command line (the cost gate's GateConfig.kappa, the copy drafter's
+        CopyConfig.kappa)."""
         for name, v in (("max new tokens", max_new_tokens), ("temperature", temperature), ("tau", tau),
                         ("kappa", kappa), ("W", width), ("D", depth), ("gamma", gamma)):
             if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v)):
@@ -120,9 +122,9 @@ class Resources:
             cfg = EngineConfig(max_new_tokens=int(max_new_tokens), budget=load_budget(lm, forward=self.forward)[0],
                                sampling=SamplingConfig(temperature=float(temperature)), forward=self.forward,
                                verify=verify)
-            copy_cfg = CopyConfig(kappa=int(kappa), max_candidates=int(width), max_draft_len=int(depth))
+            copy_cfg = CopyConfig(kappa=int(kappa) or CopyConfig.kappa, max_candidates=int(width), max_draft_len=int(depth))
             neural = NeuralConfig(shape="chain", gamma=int(gamma)) if gamma and int(gamma) > 0 else NeuralConfig()
-            gate = GateConfig(tau=None if tau is None else float(tau), kappa=int(kappa))
+            gate = GateConfig(tau=None if tau is None else float(tau), kappa=int(kappa) or GateConfig.kappa)
         except (TypeError, ValueError) as e:
             raise UserError(str(e)) from None
         try:

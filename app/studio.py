@@ -108,7 +108,9 @@ def generate_tab(res: Resources, precision: gr.Radio, model_status: gr.Markdown)
                         tau_on = gr.Checkbox(False, label="override the probe's tau")
                         tau = gr.Slider(0.0, 1.0, value=0.5, step=0.01, label="tau")
                     with gr.Row():
-                        kappa = gr.Number(GATE.kappa, label="kappa", precision=0, minimum=1, maximum=32)
+                        kappa = gr.Number(0, precision=0, minimum=0, maximum=32,
+                                          label=f"kappa (0: the method's own: {GATE.kappa} in the cost gate, "
+                                                f"{COPY.kappa} in the copy drafter, as on the command line)")
                         width = gr.Number(COPY.max_candidates, label="W candidates", precision=0, minimum=1, maximum=64)
                         depth = gr.Number(COPY.max_draft_len, label="D tokens", precision=0, minimum=1, maximum=64)
                         gamma = gr.Number(0, label="gamma (0: default shape, cost-chosen chain)", precision=0,

@@ -19,9 +19,10 @@ from helpers import (
     repetitive_prompt,
 )
 
+from switchsd.core.acceptance import Acceptance
 from switchsd.core.config import CopyConfig, EngineConfig, GateConfig, SamplingConfig
 from switchsd.core.cost_gate import CostAware
-from switchsd.core.costs import Calibration, EmaTimer, Survival, VerifyCost, VerifyScale
+from switchsd.core.costs import Calibration, EmaTimer, VerifyCost, VerifyScale
 from switchsd.core.events import StepEvent
 from switchsd.core.probe import Probe
 from switchsd.drafters.draft_model import DraftModelDrafter
@@ -49,7 +50,7 @@ def test_verify_cost_pads_to_the_cheapest_size_and_is_monotone():
 
 
 def test_survival_and_timer_estimates():
-    s = Survival(prior=0.5, weight=2.0, decay=1.0)
+    s = Acceptance(prior=0.5, weight=2.0, decay=1.0)
     assert s.expected(2) == pytest.approx(0.5 + 0.25)
     for _ in range(8):
         s.update(drafted=3, accepted=1)      # position 1 always accepted, position 2 never
@@ -316,14 +317,14 @@ def test_break_even_of_drafting_shapes():
 def test_survival_relax_fades_towards_the_prior():
     """A few misses push a path below break-even; each step it is passed over, its evidence fades by `factor`, so
     the estimate climbs back towards the prior (and the path is tried again) instead of staying shut."""
-    s = Survival(prior=0.4, weight=2.0, decay=1.0)
+    s = Acceptance(prior=0.4, weight=2.0, decay=1.0)
     for i in range(8):
         s.update(drafted=1, accepted=int(i < 2))                     # 2 hits in 8
     low = s.p(1)
     assert low == pytest.approx((2 + 0.8) / (8 + 2))
     seen = [low]
     for _ in range(200):
-        s.relax(0.98)
+        s.fade(0.98)
         seen.append(s.p(1))
     assert all(b > a for a, b in zip(seen, seen[1:]))               # strictly back up, step by step
     assert seen[-1] == pytest.approx((2 * 0.98 ** 200 + 0.8) / (8 * 0.98 ** 200 + 2.0))
@@ -362,7 +363,7 @@ def _event(path, candidates, accepted, draft_s, verify_s, sources=None):
 
 
 def test_cost_gate_observe_credits_each_path():
-    """observe() books a verified draft to the path that drafted it: acceptance per position (Survival), the
+    """observe() books a verified draft to the path that drafted it: acceptance per position (Acceptance), the
     drafter's time (EmaTimer: the neural drafter's first draft after other steps apart from its steady ones), the
     verify time per row count (VerifyScale); a plain step only the last."""
     cost = VerifyCost({1: 10.0, 2: 12.0, 4: 16.0, 8: 24.0})
@@ -398,7 +399,7 @@ def test_a_neural_draft_must_clear_the_margin(margin, choice):
     from switchsd.core.policies import PolicyState
     pol = CostAware(None, _Stub("eagle3", "neural", gamma=1), None, VerifyCost({1: 10.0, 2: 11.0, 4: 14.0}),
                     neural_margin=margin)
-    pol.neural_acc = Survival(prior=0.24, weight=1e9)
+    pol.neural_acc = Acceptance(prior=0.24, weight=1e9)
     pol.neural_ms.add(1, 1.0)
     d = pol.select(PolicyState([1, 2, 3], 0, None, max_len=10, rows=4))
     assert d.why["choice"] == choice, d.why
@@ -431,7 +432,7 @@ def test_the_gate_tries_a_head_it_knows_little_about(evidence, choice):
     from switchsd.core.policies import PolicyState
     pol = CostAware(None, _Stub("eagle3", "neural", gamma=1), None, VerifyCost({1: 10.0, 2: 11.0, 4: 14.0}),
                     neural_margin=0.0)
-    pol.neural_acc = Survival(prior=0.15, weight=float(evidence))
+    pol.neural_acc = Acceptance(prior=0.15, weight=float(evidence))
     pol.neural_ms.add(1, 1.0)
     d = pol.select(PolicyState([1, 2, 3], 5, None, max_len=10, rows=4))
     assert d.why["choice"] == choice, d.why

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from switchsd.core.acceptance import HALF_LIFE
 from switchsd.core.config import CopyConfig
 from switchsd.core.drafting import DraftRequest
 from switchsd.drafters.copy import CopyDrafter
@@ -236,18 +237,18 @@ def test_the_cost_rule_drafts_what_is_expected_to_emit_the_most_tokens_per_secon
     gate.plan([0.05], [np.array([1, 2, 3, 7, 8, 9, 4])], ["a"], k=3, prompt_lens=[3])     # counts a's output
     b = np.array([5, 6, 8])                        # "6 8" never seen; the shared counts continue "8" with 9 4
     costs = gate.costs
-    _set_times(costs, {(False, 1): [0.076, 1], (False, 2): [0.080, 1], (True, 4): [0.095, 1]})   # step seconds by rows
+    _set_times(costs, {(False, 1): [0.076, 1], (False, 2): [0.080, 1], (True, 4): [0.070, 1]})   # step seconds by rows
 
     def plan(name):            # a new request id each time: no step time is measured between the calls
         return gate.plan([0.05], [b], [name], k=3, prompt_lens=[2])
-    assert plan("b1") == ([None], 3)               # priors: EAGLE-3's 3 x 0.4 over a 1-token chain's 0.6
+    assert plan("b1") == ([None], 3)               # priors: (1 + 0.4 + 0.16 + 0.064) / 70 ms over (1 + 0.7) / 80 ms
     for _ in range(10):
         costs.credit("copy:low:1", 1, 1)           # 1-token chains after a 1-token match: always accepted
-    assert plan("b2") == ([[9]], None)             # (1 + 0.93) / 80 ms > (1 + 1.2) / 95 ms
+    assert plan("b2") == ([[9]], None)             # (1 + 0.95) / 80 ms > (1 + 0.62) / 70 ms
     assert gate.counts["copy_backoff"] == 1        # a backed-off chain, drafted
     for _ in range(10):
         costs.credit("neural", 3, 3)
-    assert plan("b3") == ([None], 3)               # EAGLE-3 accepts 0.9 a position: (1 + 2.7) / 95 ms
+    assert plan("b3") == ([None], 3)               # EAGLE-3 accepts 0.9 a position: (1 + 2.44) / 70 ms
     costs.set_time(True, 4, 0.3)               # ... but its steps cost 300 ms
     assert plan("b4") == ([[9]], None)
     for _ in range(200):
@@ -261,15 +262,17 @@ def test_the_cost_rule_drafts_what_is_expected_to_emit_the_most_tokens_per_secon
     with pytest.raises(GateError, match="SWITCHSD_RULE='fast'"):
         Gate(probe, _target(), max_tokens=8, rule="fast")
     assert Gate(probe, _target(), max_tokens=8, half_life=0).costs.decay == 1.0        # SWITCHSD_HALF_LIFE=0
-    assert gate.costs.decay == 0.5 ** (1 / PathCosts.HALF_LIFE)
+    assert gate.costs.decay == 0.5 ** (1 / HALF_LIFE)
 
 
 def test_path_costs_measure_step_times_by_kind_and_rows_and_acceptance_by_position():
     c = PathCosts(max_len=4, half_life=None)
-    c.credit("copy:high:3", 4, 2)                  # 4 verified, the first 2 accepted
+    c.credit("copy:high:3", 4, 2)                  # 4 drafted, the first 2 accepted: positions 1-3 reached
     c.credit("copy:high:3", 2, 2)
-    assert list(c.reach["copy:high:3"][1:]) == [2, 2, 1, 1] and list(c.hit["copy:high:3"][1:]) == [2, 2, 0, 0]
-    assert np.allclose(c.rates("copy:high:3", 4), [(2 + 1.2) / 4, (2 + 1.2) / 4, 1.2 / 3, 1.2 / 3])
+    rec = c.record["copy:high:3"]
+    assert rec.trials == [2, 2, 1, 0] and rec.hits == [2, 2, 0, 0]
+    p = [(2 + 1.4) / 4, (2 + 1.4) / 4, 1.4 / 3, 0.7]      # (hits + 2 x the prior 0.7) / (reached + 2)
+    assert np.allclose(c.rates("copy:high:3", 4), np.cumprod(p))      # P(at least j accepted)
     c.planned(False, 3)
     c.step(0.08)
     c.step(5.0)                                    # nothing planned since: not counted
@@ -309,7 +312,7 @@ def test_where_many_requests_share_a_step_only_drafts_likely_to_be_accepted_pay(
         c.credit("copy:low:2", 3, 0)
         c.credit("copy:high:2", 3, 3)
     for _ in range(30):
-        c.credit("copy:low:2", 3, 3)               # low: 30% at every position
+        c.credit("copy:low:2", 3, 3)               # low: 30% reach every position
     for _ in range(12):
         c.credit("copy:high:2", 3, 0)              # high: ~90%
     assert c.choose("copy:low:2", 3, 0) == 3 and c.choose("copy:low:2", 3, 0, others=15) == 0

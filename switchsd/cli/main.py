@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage(), end="")
         return
+    if argv[0] == "--help-env":
+        from ..envs import table
+        print(table(), end="")
+        return
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
         print(usage(), end="", file=sys.stderr)

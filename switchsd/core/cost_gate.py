@@ -11,7 +11,9 @@ import operator
 import time
 from itertools import accumulate
 
-from .costs import Calibration, EmaTimer, Survival, VerifyCost, VerifyScale
+from .acceptance import DECAY, PRIORS, Acceptance, worth
+from .config import GateConfig
+from .costs import Calibration, EmaTimer, VerifyCost, VerifyScale
 from .drafting import DraftRequest
 from .policies import Decision, PolicyState
 
@@ -23,7 +25,8 @@ class CostAware:
         (1 + expected accepted draft tokens) / (verify ms of its rows + the drafter's own ms),
 
     over: a plain step; the copy trie cut at each depth d (when plausible); a neural chain of each length
-    1..gamma (or the configured tree). Expected acceptance is learnt online per path (`Survival`), for the
+    1..gamma (or the configured tree). Expected acceptance is learnt online per path (`Acceptance`, the estimate
+    vLLM's gate shares: switchsd/core/acceptance.py), for the
     copy path per probe-score bucket; verify ms come from the device's calibrated curve (`VerifyCost`, padded
     envelope), rescaled by what the verify forwards of each row count actually take (`VerifyScale`); drafter ms
     are measured (`EmaTimer`).
@@ -43,7 +46,7 @@ class CostAware:
     the head's confident steps are drafted and its unsure ones run plain.
     Lossless: it only chooses drafts."""
 
-    def __init__(self, copier, neural, tau: float | None, cost: VerifyCost, explore: float = 0.01,
+    def __init__(self, copier, neural, tau: float | None, cost: VerifyCost, explore: float = GateConfig.explore,
                  buckets: int = 4, lookup=None, confidence: bool = False, neural_margin: float = 0.0,
                  neural_guess: float = 0.25):
         self.copy, self.neural, self.lookup = copier, neural, lookup if copier is not None else None
@@ -52,11 +55,11 @@ class CostAware:
         self.drafters = [d for d in (copier, neural, self.lookup) if d is not None]
         lo = self.tau if self.tau is not None else 0.0
         self.edges = [lo + (1 - lo) * i / buckets for i in range(1, buckets)]
-        self.copy_acc = [Survival(prior=0.7, weight=2.0) for _ in range(buckets)]
+        self.copy_acc = [Acceptance(prior=PRIORS["copy"]) for _ in range(buckets)]
         self.look_edges = [i / (2 * buckets) for i in range(1, 2 * buckets)]  # probe-score buckets over [0, 1]
-        self.lookup_acc = [Survival(prior=0.3, weight=2.0) for _ in range(2 * buckets)]
+        self.lookup_acc = [Acceptance(prior=PRIORS["lookup"]) for _ in range(2 * buckets)]
         # the prior weighs a burst's worth of drafts: one early miss must not shut the head out for `every` steps
-        self.neural_acc = Survival(prior=0.4, weight=float(self.BURST))
+        self.neural_acc = Acceptance(prior=PRIORS["neural"], weight=float(self.BURST))
         self.confidence = confidence and hasattr(neural, "confident_chain")
         self.calib = Calibration()
         base = cost.ms(1)
@@ -120,14 +123,13 @@ class CostAware:
         up = min(1.0, p + math.sqrt(p * (1 - p) / n)) / p if p > 0 else 1.0
         return [r * up for r in reach]
 
-    @staticmethod
-    def _reach(acc: Survival, depth: int) -> list[float]:
-        """P(at least i draft tokens accepted), i = 1..depth."""
-        out, run = [], 1.0
-        for i in range(1, depth + 1):
-            run *= acc.p(i)
-            out.append(run)
-        return out
+    def _neural_price(self, reach: list[float], g: int, rows: int, limit: int, extra_ms: float = 0.0,
+                      drafted: bool = False) -> tuple[float, float]:
+        """(expected committed tokens, ms) of a neural draft g deep verified in `rows` rows (`extra_ms`: time spent
+        whatever runs; `drafted`: the chain exists already, its head time sunk): the one pricing `select` and
+        `outlook` share."""
+        ms = self._verify_ms(rows, limit) + (0.0 if drafted else self.neural_ms.get(g)) + extra_ms
+        return 1.0 + sum(reach[:g]), ms
 
     def _confident_chain(self, state: PolicyState, gmax: int, limit: int, V) -> list[float]:
         """Draft the neural chain token by token (the drafter holds it for this step's `propose`) while a longer
@@ -162,7 +164,7 @@ class CostAware:
             key = (min(state.max_len, getattr(self.neural, "gamma", 1)), state.rows)
             if memo[0] == key and memo[2] > 0 and self.plain_run + 1 < memo[3]:
                 self.plain_run += 1
-                self.neural_acc.relax()
+                self.neural_acc.fade(DECAY)
                 self._plain = (key, memo[1], memo[2] - 1, memo[3])
                 return memo[1]
             self._plain = None
@@ -189,23 +191,24 @@ class CostAware:
         if self.lookup is not None and state.max_len > 0 and limit > 1:
             low = sum(score >= e for e in self.look_edges) if score is not None else 0
             l_cuts = self._cuts(self.lookup, state, limit)
-            lsum = list(accumulate(self._reach(self.lookup_acc[low], len(l_cuts)), initial=0.0))
+            l_reach = self.lookup_acc[low].reach(len(l_cuts))
             l_ms = self.lookup_ms.get(1) + sunk
             for d, rows in l_cuts:
-                options.append(((1 + lsum[d]) / (V(rows) + l_ms), "lookup", d, 0, rows))
+                options.append((worth(l_reach, d, V(rows) + l_ms), "lookup", d, 0, rows))
         c_ms = self.copy_ms.get(1) + sunk
-        c_reach = self._reach(self.copy_acc[bucket], len(copy_cuts)) if copy_cuts else []
+        c_reach = self.copy_acc[bucket].reach(len(copy_cuts)) if copy_cuts else []
         csum = list(accumulate(c_reach, initial=0.0))            # csum[d]: expected copy tokens at depth d
         for d, rows in copy_cuts:
-            options.append(((1 + csum[d]) / (V(rows) + c_ms), "copy", d, 0, rows))
+            options.append((worth(c_reach, d, V(rows) + c_ms), "copy", d, 0, rows))
         n_reach = (list(accumulate((self.calib.p(c) for c in confs), operator.mul)) if confs is not None else
-                   self._optimistic(self._reach(self.neural_acc, max((g for g, _ in shapes), default=0))))
+                   self._optimistic(self.neural_acc.reach(max((g for g, _ in shapes), default=0))))
         nsum = list(accumulate(n_reach, initial=0.0))
         both = list(accumulate((c * n for c, n in zip(c_reach, n_reach)), initial=0.0))
         damp = 1.0 / (1.0 + self.neural_margin)    # a neural draft must beat the rest by this share
         for g, rows in shapes:
             n_ms = self.neural_ms.get(g) if confs is None else 0.0      # drafted already: `sunk`, in c_ms too
-            options.append((damp * (1 + nsum[g]) / (V(rows) + n_ms + sunk), "neural", 0, g, rows))
+            tokens, ms = self._neural_price(n_reach, g, rows, limit, sunk, drafted=confs is not None)
+            options.append((damp * tokens / ms, "neural", 0, g, rows))
             for d, c_rows in copy_cuts:    # both drafts in one verify forward (misses taken as independent)
                 e = csum[d] + nsum[g] - both[min(d, g)]
                 rows_b = min(c_rows + rows - 1, limit)
@@ -214,7 +217,7 @@ class CostAware:
         explore, every = False, None
         if best[1] == "plain" and shapes:         # (confidence mode: its calibration learns from these too)
             self.plain_run += 1
-            self.neural_acc.relax()       # as the copy paths': a head shut out by a bad stretch is re-priced later
+            self.neural_acc.fade(DECAY)   # as the copy paths': a head shut out by a bad stretch is re-priced later
             probe_cost = (V(2) + self.neural_ms.get(1)) / V(1) - 1
             resume = self.resume_ms.get(1) / V(1)             # the burst's first draft feeds what the head missed
             every = min(500, max(4, (self.BURST * probe_cost + resume) / self.explore))
@@ -229,9 +232,9 @@ class CostAware:
         value, choice, d, g, rows = best
         # paths that could have drafted but did not: their evidence fades (re-tried once it no longer says no)
         if copy_cuts and choice not in ("copy", "copy+neural"):
-            self.copy_acc[bucket].relax()
+            self.copy_acc[bucket].fade(DECAY)
         if low is not None and l_cuts and choice != "lookup":
-            self.lookup_acc[low].relax()
+            self.lookup_acc[low].fade(DECAY)
         self._chosen = {"choice": choice, "bucket": bucket, "low": low, "confs": confs}
         top = sorted(options, key=lambda o: -o[0])[:4]
         gate = {"mode": "cost", "probe": score, "tau": tau, "kgram_match": match, "copy": plausible,
@@ -257,11 +260,11 @@ class CostAware:
             return None
         v1 = self._verify_ms(1, 1 << 30)
         g_max = max(1, getattr(self.neural, "gamma", 1))
-        reach = self._optimistic(self._reach(self.neural_acc, g_max))      # as `select` prices it
+        reach = self._optimistic(self.neural_acc.reach(g_max))      # as `select` prices it
         chains = []
         for g in range(1, g_max + 1):
-            cost = self._verify_ms(g + 1, 1 << 30) + self.neural_ms.get(g)
-            chains.append({"gamma": g, "expected_tokens": 1 + sum(reach[:g]),
+            tokens, cost = self._neural_price(reach, g, g + 1, 1 << 30)
+            chains.append({"gamma": g, "expected_tokens": tokens,
                            "break_even_tokens": (1 + self.neural_margin) * cost / v1})
         best = max(chains, key=lambda c: c["expected_tokens"] / c["break_even_tokens"])
         return {"p_first": self.neural_acc.p(1), "verify_ms_1": v1, "verify_ratio_2": self._verify_ms(2, 1 << 30) / v1,

@@ -4,8 +4,7 @@
   raw curve is not monotone on every device (float32 MKL here: 2-3 rows cost more than 4-8), so the engine pads
   a verify forward with masked rows up to the cheapest size at or above it (`pad_to`), and decisions use the
   curve's monotone envelope (`ms`), which padding makes real.
-- `Survival`: online acceptance estimate of one drafting path: P(token i accepted | tokens < i accepted), per
-  draft position, from decayed counts with a prior. `expected(d)` = expected accepted tokens of a d-deep draft.
+- acceptance by draft position, the estimate both gates share: switchsd/core/acceptance.py.
 - `Calibration`: online acceptance of a draft token given the drafter's own probability of it (the cost gate's
   `confidence` mode prices each neural chain by its tokens' probabilities).
 - `VerifyScale`: what verify forwards actually take over what the curve says, per row count (in the engine,
@@ -66,56 +65,6 @@ class VerifyCost:
         """Expected accepted draft tokens a draft verified in `rows` rows (and costing `draft_ms` to write)
         needs to commit tokens faster than a plain step: (ms(rows) + draft_ms) / ms(1) - 1."""
         return (self.ms(rows) + draft_ms) / self.ms(1) - 1
-
-
-@dataclass
-class Survival:
-    """Per-position acceptance of one drafting path. `p(i)` = P(draft token i accepted | tokens < i were),
-    estimated as (successes + weight * prior) / (trials + weight); counts decay by `decay` per update so
-    the estimate follows the text. Position 1 is the first draft token."""
-    prior: float = 0.5
-    weight: float = 2.0
-    decay: float = 0.98
-    trials: list[float] = field(default_factory=list)
-    hits: list[float] = field(default_factory=list)
-    updates: int = 0
-
-    def update(self, drafted: int, accepted: int) -> None:
-        """One verified draft: `drafted` = its depth, `accepted` = tokens accepted (<= drafted)."""
-        self.trials = [t * self.decay for t in self.trials]
-        self.hits = [h * self.decay for h in self.hits]
-        while len(self.trials) < drafted:
-            self.trials.append(0.0)
-            self.hits.append(0.0)
-        for i in range(min(drafted, accepted + 1)):    # position i+1 was tried iff all before it were accepted
-            self.trials[i] += 1.0
-            if i < accepted:
-                self.hits[i] += 1.0
-        self.updates += 1
-
-    def relax(self, factor: float = 0.98) -> None:
-        """A step on which this path could have drafted but did not: its evidence fades towards the prior, so
-        an estimate pushed below break-even by a few misses is tried again later instead of never."""
-        self.trials = [t * factor for t in self.trials]
-        self.hits = [h * factor for h in self.hits]
-
-    def p(self, i: int) -> float:
-        """Conditional acceptance of position i (1-based). Unseen deep positions borrow the deepest estimate."""
-        j = min(i, len(self.trials)) - 1
-        if j < 0:
-            return self.prior
-        return (self.hits[j] + self.weight * self.prior) / (self.trials[j] + self.weight)
-
-    def expected(self, depth: int) -> float:
-        """Expected accepted tokens of a `depth`-deep draft: sum over i <= depth of prod_{j <= i} p(j)."""
-        total, run = 0.0, 1.0
-        for i in range(1, depth + 1):
-            run *= self.p(i)
-            total += run
-        return total
-
-    def seen(self) -> float:
-        return self.trials[0] if self.trials else 0.0
 
 
 @dataclass

@@ -5,9 +5,9 @@ Every loader returns a list of {"id", "prompt"} with the user message (the chat 
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from .. import envs
 from ..io import read_jsonl
 
 DATASETS = ("humaneval", "math500", "cnndm", "mtbench", "specbench", "jsonl")
@@ -30,7 +30,7 @@ def _find(name: str, data_file: str | None) -> Path | None:
     if not fname:
         return None
     checkout = Path(__file__).resolve().parents[2]               # switchsd/eval/datasets.py -> the checkout
-    roots = [os.environ.get("SWITCHSD_DATA"), checkout.parent / "shared" / "data", checkout / "shared" / "data"]
+    roots = [envs.get("SWITCHSD_DATA"), checkout.parent / "shared" / "data", checkout / "shared" / "data"]
     for root in roots:
         if root and (Path(root) / fname).exists():
             return Path(root) / fname

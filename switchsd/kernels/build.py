@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loads torch's OpenMP runtime before ours)
 
+from .. import envs
+
 HERE = Path(__file__).resolve().parent
 # -ffp-contract=off: a * b + c stays two roundings, as the kernels' arithmetic (and its reference) says
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-std=c11")
@@ -29,11 +31,11 @@ class BuildError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SWITCHSD_KERNEL_DIR") or Path.home() / ".cache" / "switchsd" / "kernels")
+    return Path(envs.get("SWITCHSD_KERNEL_DIR") or Path.home() / ".cache" / "switchsd" / "kernels")
 
 
 def compiler() -> str:
-    cc = os.environ.get("SWITCHSD_CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    cc = envs.get("SWITCHSD_CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not cc:
         raise BuildError("no C compiler found (install gcc, e.g. `apt install gcc`, or set SWITCHSD_CC)")
     return cc

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from .. import envs
 from .dense import cpu_has_native_bf16
 from .int4 import available as int4_available
 
@@ -76,7 +77,7 @@ class LoadedModel:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SWITCHSD_CACHE", Path.home() / ".cache" / "switchsd"))
+    return Path(envs.get("SWITCHSD_CACHE") or Path.home() / ".cache" / "switchsd")
 
 
 def auto_device() -> str:
@@ -86,7 +87,7 @@ def auto_device() -> str:
 def calibration_dir() -> Path:
     """Where device measurements live: `$SWITCHSD_CALIBRATION`, else `<cache>/calibration` (the test suite points
     it at its own folder, so its curves, measured under its own load, never reach a user's cache)."""
-    own = os.environ.get("SWITCHSD_CALIBRATION")
+    own = envs.get("SWITCHSD_CALIBRATION")
     return Path(own) if own else cache_dir() / "calibration"
 
 

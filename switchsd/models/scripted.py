@@ -14,12 +14,13 @@ fails, and the Python loop runs; `SWITCHSD_SCRIPTED=0` turns it off.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+
+from .. import envs
 
 INT4, PACKED, DENSE = 0, 1, 2            # how a layer's matrix is multiplied (`_product`)
 
@@ -145,7 +146,7 @@ class ScriptedStep:
     def make(cls, lean) -> "ScriptedStep | None":
         """For a CPU lean forward whose every matrix takes its fast product at one row; None otherwise, or when
         TorchScript is unavailable (a warning says why) or turned off."""
-        if os.environ.get("SWITCHSD_SCRIPTED", "1") == "0" or lean.device.type != "cpu":
+        if not envs.get("SWITCHSD_SCRIPTED") or lean.device.type != "cpu":
             return None
         mats = [cls._matrix(lin) for layer in lean.layers for lin in (layer[1], layer[2], layer[4], layer[5])]
         if any(m is None for m in mats):

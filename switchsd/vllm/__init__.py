@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import os
 
 VLLM_VERSION = "0.32.0"
 # (module, attribute) pairs this plugin relies on; `check_internals` names any that moved
@@ -64,6 +63,8 @@ def register() -> None:
     missing = check_internals()
     if missing:
         raise VllmVersionError(f"vLLM {version} lacks what switchsd's plugin uses: {', '.join(missing)}")
+    from switchsd import envs
+
     from .gate import ENV, install
-    if os.environ.get(ENV):
-        install(os.environ[ENV])
+    if envs.get(ENV):
+        install(envs.get(ENV))

@@ -15,6 +15,8 @@ import json
 import os
 from pathlib import Path
 
+from switchsd import envs
+
 PROMPTS = [
     'Repeat this JSON exactly: {"name": "Alice", "age": 30, "city": "Paris", "tags": ["a", "b", "c"]}',
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -31,7 +33,7 @@ def _first_diff(u: list[int], v: list[int]) -> int | None:
 
 
 def default_model() -> str:
-    return str(Path(os.environ.get("SWITCHSD_CACHE", Path.home() / ".cache" / "switchsd")) / "smollm2-135m-instruct")
+    return str(Path(envs.get("SWITCHSD_CACHE") or Path.home() / ".cache" / "switchsd") / "smollm2-135m-instruct")
 
 
 def main(argv=None) -> None:

@@ -20,7 +20,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-KAPPA = 3             # the copy method's kappa-gram (switchsd.core.config.GateConfig.kappa)
+from switchsd import envs
+from switchsd.core.config import GateConfig
+
+KAPPA = GateConfig.kappa     # the copy method's kappa-gram: the engine's cost gate's
 MAX_MATCH = 24        # the longest context match that picks among a kappa-gram's occurrences (suffix decoding's depth)
 SPEC_FACTOR = 2       # the gate's copy chains: at most this many times their match length (suffix decoding: 1)
 KEY_MATCH = 3         # the gate's records: match lengths 1, 2 and 3 or more apart
@@ -39,7 +42,7 @@ def write_counts(snapshot: Callable[[], dict]) -> None:
     $SWITCHSD_VLLM_COUNTS at most every FLUSH_S, replaced whole (a reader never sees half a file), so a step pays
     for a flag, not a file (a write per step was 0.7% of a worker's time), and the file holds the final counts
     FLUSH_S after the last step."""
-    path = os.environ.get(COUNTS_ENV)
+    path = envs.get(COUNTS_ENV)
     if not path or _flush["failed"]:
         return
     with _flush_lock:
@@ -218,7 +221,7 @@ class CopyProposer:
     def __init__(self, vllm_config):
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
-        self.kappa = int(os.environ.get("SWITCHSD_KAPPA", KAPPA))
+        self.kappa = envs.get("SWITCHSD_KAPPA") or KAPPA
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.counts = {"steps": 0, "copy": 0, "none": 0, "drafted_tokens": 0}
         self.calls = 0

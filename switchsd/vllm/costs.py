@@ -1,30 +1,28 @@
 """The SwitchSD gate's cost model in vLLM: what each drafting path earned on this server and what its steps cost,
 measured from the target forward's own rows and the clock, so that the gate picks per request and step the draft
-with the most expected tokens per second on this machine. numpy only."""
+with the most expected tokens per second on this machine. Acceptance by position and an option's worth are the
+engine's gate's own (switchsd/core/acceptance.py); numpy and pure Python only."""
 from __future__ import annotations
 
 import numpy as np
 
+from switchsd.core.acceptance import HALF_LIFE, PRIOR_WEIGHT, PRIORS, Acceptance, worth
+
 
 class PathCosts:
     """What each path earned on this server and what its steps cost, as running counts. Per tag (copy by probe
-    state and match length, "copy:high:3"; "neural"): among drafts whose j-th token was verified, how many had it
-    accepted. Per step (EAGLE-3 drafted or not, rows verified): its mean time, read through a line over the rows
+    state and match length, "copy:high:3"; "neural"): acceptance by draft position (`Acceptance`: among drafts
+    that reached position j, how many had token j accepted, with the shared prior). Per step (EAGLE-3 drafted or not, rows verified): its mean time, read through a line over the rows
     (`step_times`). `choose` takes, of a copy chain's
-    lengths, EAGLE-3's draft and no draft, the one with the most expected tokens per second: (1 + the summed
-    acceptance rates of its positions) / its step's time. Priors (PRIOR_N pseudo-drafts at PRIOR) until measured.
-    The acceptance record forgets: a draft's weight halves with every `half_life` drafts verified since (any path's),
+    lengths, EAGLE-3's draft and no draft, the one with the most expected tokens per second (`worth`: 1 + the
+    expected accepted tokens, over its step's time). The acceptance record forgets: a draft's weight halves with every `half_life` drafts verified since (any path's),
     so the record follows what the server is serving now, and a path that looked poor on the first requests and so
     was never drafted again drifts back to its prior and is tried again (None: never forget)."""
-    PRIOR = {"copy": 0.6, "neural": 0.4}
-    PRIOR_N = 2
-    HALF_LIFE = 500
     EMA = 0.05                  # the running means of a request's rows and tokens per step (`observe`)
 
     def __init__(self, max_len: int = 32, half_life: float | None = HALF_LIFE):
         self.max_len = max_len
-        self.reach: dict[str, np.ndarray] = {}     # tag -> [max_len + 1]: drafts whose j-th token was verified
-        self.hit: dict[str, np.ndarray] = {}       # tag -> [max_len + 1]: ... and accepted
+        self.record: dict[str, Acceptance] = {}    # tag -> its acceptance by position (faded by `_age` lazily)
         self.decay = 0.5 ** (1 / half_life) if half_life else 1.0     # each record's weight per draft verified
         self.clock = 0                              # drafts verified so far (every path)
         self.seen: dict[str, int] = {}             # tag -> the clock when its record was last credited
@@ -34,15 +32,18 @@ class PathCosts:
         self.pending: tuple[bool, int] | None = None           # the last planned step's kind
 
     def credit(self, tag: str, verified: int, accepted: int) -> None:
+        """One verified draft of `tag`: `verified` tokens drafted, the first `accepted` of them accepted."""
         self.clock += 1
-        if tag not in self.reach:
-            self.reach[tag], self.hit[tag] = np.zeros(self.max_len + 1), np.zeros(self.max_len + 1)
-        f = self._age(tag)
-        self.reach[tag] *= f
-        self.hit[tag] *= f
+        acc = self.record.get(tag)
+        if acc is None:
+            acc = self.record[tag] = self._fresh(tag)
+        acc.fade(self._age(tag))
         self.seen[tag] = self.clock
-        self.reach[tag][1:verified + 1] += 1
-        self.hit[tag][1:accepted + 1] += 1
+        acc.update(min(verified, self.max_len), accepted)
+
+    @staticmethod
+    def _fresh(tag: str) -> Acceptance:
+        return Acceptance(prior=PRIORS[tag.split(":")[0]], weight=PRIOR_WEIGHT, decay=1.0)
 
     def _age(self, tag: str) -> float:
         """What tag's record weighs now: decay ** (drafts verified since it was last credited). Read-only, so the
@@ -50,12 +51,9 @@ class PathCosts:
         return self.decay ** (self.clock - self.seen.get(tag, self.clock))
 
     def rates(self, tag: str, n: int) -> np.ndarray:
-        """[n]: the estimated acceptance rate of a draft's positions 1..n."""
-        prior, m = self.PRIOR[tag.split(":")[0]], self.PRIOR_N
-        if tag not in self.reach:
-            return np.full(n, prior)
-        f = self._age(tag)
-        return (f * self.hit[tag][1:n + 1] + prior * m) / (f * self.reach[tag][1:n + 1] + m)
+        """[n]: P(at least j of a draft's tokens accepted), j = 1..n."""
+        acc = self.record.get(tag) or self._fresh(tag)
+        return np.array(acc.reach(n, self._age(tag)))
 
     def planned(self, eagle: bool, rows: int | None) -> None:
         """The next step's kind: EAGLE-3 drafted or not, every request's rows (None: a step not to time, a prompt
@@ -128,20 +126,21 @@ class PathCosts:
         (`observe`), and where many requests share a step (compute-bound) only drafts likely to be accepted pay."""
         rows0, tok0 = others * self.rows_per_request, others * self.tokens_per_request
         times = self.step_times(False, [rows0 + 1 + n for n in range(chain + 1)])
-        best, choice = (tok0 + 1) / times[0], 0
-        gain = tok0 + 1 + np.cumsum(self.rates(tag, chain)) if chain else []
-        for n, g in enumerate(gain, 1):
-            if g / times[n] > best:
-                best, choice = g / times[n], n
-        if neural_k and (tok0 + 1 + self.rates("neural", neural_k).sum()) / \
-                self.step_time(True, rows0 + neural_k + 1) > best:
+        reach = list(self.rates(tag, chain)) if chain else []
+        best, choice = worth(reach, 0, times[0], tok0 + 1), 0
+        for n in range(1, chain + 1):
+            w = worth(reach, n, times[n], tok0 + 1)
+            if w > best:
+                best, choice = w, n
+        if neural_k and worth(list(self.rates("neural", neural_k)), neural_k,
+                              self.step_time(True, rows0 + neural_k + 1), tok0 + 1) > best:
             return None
         return choice
 
     def summary(self) -> dict:
         """Per tag: its verified drafts, weighted by age, and acceptance rates of positions 1..5; per step kind and
         rows: mean ms."""
-        return {"rates": {t: [round(self._age(t) * float(self.reach[t][1]), 1)] + [round(x, 3) for x in self.rates(t, 5)]
-                          for t in sorted(self.reach)},
+        return {"rates": {t: [round(self.record[t].seen(self._age(t)), 1)] + [round(x, 3) for x in self.rates(t, 5)]
+                          for t in sorted(self.record)},
                 "step_ms": {f"{'eagle' if e else 'copy'}:{r}": round(1000 * v[0] / v[1], 1)
                             for (e, r), v in sorted(self.time.items())}}

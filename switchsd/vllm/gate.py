@@ -35,11 +35,13 @@ CPU build in eager mode; CUDA is not verified here.
 from __future__ import annotations
 
 import functools
-import os
 import time
 
 import numpy as np
 import torch
+
+from switchsd import envs
+from switchsd.core.acceptance import HALF_LIFE
 
 from .copy import LOGGER, SPEC_FACTOR, CopyCounts, copy_path, write_counts
 from .costs import PathCosts
@@ -47,8 +49,8 @@ from .costs import PathCosts
 ENV = "SWITCHSD_VLLM_GATE"
 LOG_EVERY = 200
 KAPPA = 2               # the copy path's kappa-gram: its chains are capped by their match (copy.SPEC_FACTOR)
-NEURAL_K = 3            # EAGLE-3's draft length; the server's num_speculative_tokens caps the copy chains
-NEURAL_MAX_BATCH = 1    # above this many running requests EAGLE-3 does not run (docs/scaling.md: measured on CPU)
+NEURAL_K = envs.VARS["SWITCHSD_NEURAL_K"].default      # EAGLE-3's draft length (num_speculative_tokens caps copies)
+NEURAL_MAX_BATCH = envs.VARS["SWITCHSD_NEURAL_MAX_BATCH"].default   # above this many running requests: no EAGLE-3
 RULES = ("cost", "probe")
 
 
@@ -75,7 +77,7 @@ class Gate:
 
     def __init__(self, probe, target, max_tokens: int, kappa: int = KAPPA, neural_k: int = NEURAL_K,
                  neural_max_batch: int = NEURAL_MAX_BATCH, rule: str = "cost", backoff: bool = True,
-                 half_life: int = PathCosts.HALF_LIFE, factor: int = SPEC_FACTOR):
+                 half_life: int = HALF_LIFE, factor: int = SPEC_FACTOR):
         self.w = probe.weight.float()
         self.tau, self.kappa, self.layer = float(probe.tau), kappa, probe.layer
         self.factor = factor                                   # a copy chain <= factor x its match (0: no cap)
@@ -227,17 +229,12 @@ def mean_accepted(c: dict) -> dict[str, float]:
     return {p: c["accepted"][p] / max(1, c["verified"][p]) for p in ("copy", "neural")}
 
 
-def env_int(name: str, default: int) -> int:
-    v = os.environ.get(name)
-    if v is None:
-        return default
+def env(name: str):
+    """A registered variable (switchsd/envs.py); a malformed value is a GateError naming it."""
     try:
-        n = int(v)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise GateError(f"{name}={v!r}: expected a whole number >= 0")
-    return n
+        return envs.get(name)
+    except ValueError as e:
+        raise GateError(str(e)) from None
 
 
 def aux_layers(target) -> tuple[int, ...]:
@@ -312,11 +309,9 @@ def install(probe_path: str) -> None:
                             f"vLLM's compiled graphs do not run: serve with --enforce-eager, or use a probe on a "
                             f"layer EAGLE-3 captures ('mlp')")
         self._switchsd_gate = Gate(probe, target_model, self.vllm_config.scheduler_config.max_num_batched_tokens,
-                                   env_int("SWITCHSD_KAPPA", KAPPA), env_int("SWITCHSD_NEURAL_K", NEURAL_K),
-                                   env_int("SWITCHSD_NEURAL_MAX_BATCH", NEURAL_MAX_BATCH),
-                                   os.environ.get("SWITCHSD_RULE", "cost"), bool(env_int("SWITCHSD_BACKOFF", 1)),
-                                   env_int("SWITCHSD_HALF_LIFE", PathCosts.HALF_LIFE),
-                                   env_int("SWITCHSD_SPEC_FACTOR", SPEC_FACTOR))
+                                   env("SWITCHSD_KAPPA") or KAPPA, env("SWITCHSD_NEURAL_K"),
+                                   env("SWITCHSD_NEURAL_MAX_BATCH"), env("SWITCHSD_RULE"), env("SWITCHSD_BACKOFF"),
+                                   env("SWITCHSD_HALF_LIFE"), env("SWITCHSD_SPEC_FACTOR"))
 
     def gated_propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                       next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
