@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup browser compiler run lint test test-fast calibrate screenshots vllm vllm-serve llama-cpp report clean
+.PHONY: setup browser compiler run lint test test-fast calibrate screenshots vllm vllm-serve llama-cpp bench-records report clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -53,6 +53,16 @@ llama-cpp: setup compiler   ## build llama.cpp's server for the benchmark's llam
 	$(BIN)/pip install -q sentencepiece    # llama.cpp's converter imports it
 	PY=$(BIN)/python bash scripts/build_llama_cpp.sh
 	$(BIN)/python -m switchsd.eval.llama_server --convert-head assets/eagle3-smollm2-135m
+
+# The published results: every engine method beside llama.cpp's own server on the four sets, one process per set,
+# each writing its record to docs/records/ (resumable from runs/records/); then the pages rebuilt from the records.
+RECORD_SETS ?= humaneval:40 math500:40 cnndm:20 mtbench:20
+RECORD_METHODS ?= llama-cpp,llama-cpp-ngram,llama-cpp-eagle3,llama-cpp-hybrid,vanilla,pld,eagle3,switchsd
+bench-records: setup llama-cpp   ## measure the results pages' figures on this machine (about 30 minutes)
+	@for spec in $(RECORD_SETS); do ds=$${spec%%:*}; n=$${spec##*:}; \
+	  $(BIN)/python -m switchsd bench --dataset $$ds --limit $$n --max-new-tokens 128 --methods $(RECORD_METHODS) \
+	    --out runs/records/$$ds --record docs/records/$$ds.json.gz || exit 1; done
+	$(BIN)/python -m switchsd report
 
 report: setup         ## rebuild docs/results.md and the README's results block from docs/records
 	$(BIN)/python -m switchsd report

@@ -50,10 +50,11 @@ build "$CACHE/build" $(flags)
 ln -sfn build "$CACHE/active"
 if [ "${LLAMA_CPP_AMX:-0}" = 1 ] && grep -qw amx_tile /proc/cpuinfo; then
   build "$CACHE/build-amx" -DGGML_NATIVE=ON
-  if "$PY" -m switchsd.eval.llama_server --self-test --build "$CACHE/build-amx"; then
+  if "$PY" -m switchsd.eval.llama_server --self-test --build "$CACHE/build-amx" 2>"$CACHE/amx-self-test.txt"; then
     ln -sfn build-amx "$CACHE/active"
   else
-    echo "llama.cpp: the AMX build failed its server self-test; the benchmark uses the AVX-512 build"
+    echo "llama.cpp: the AMX build failed its server self-test ($(tail -1 "$CACHE/amx-self-test.txt" | cut -c1-80)...);"
+    echo "           the benchmark uses the AVX-512 build (records say so)"
   fi
 fi
 "$CACHE/active/bin/llama-server" --version 2>&1 | head -2

@@ -264,7 +264,8 @@ def run(args: argparse.Namespace, methods: list[str], prompts: list[dict]) -> Be
             "head_path": str(DEFAULT_HEADS.get(lm.name, "")) if args.eagle == "auto" else args.eagle,
             "probe_path": str(DEFAULT_PROBES.get(lm.name, "")) if args.probe == "auto" else args.probe,
             "llama_cpp": llama_server.version() if any(m in SERVER_PEERS for m in methods) else None,
-            "head_gguf": str(head_gguf) if head_gguf else None}
+            "head_gguf": str(head_gguf) if head_gguf else None,
+            "llama_cpp_amx": llama_server.amx_note() if any(m in SERVER_PEERS for m in methods) else None}
     return BenchRun(lm, methods, encoded, records, vanilla_ids, meta)
 
 

@@ -21,6 +21,7 @@ import hashlib
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -71,6 +72,16 @@ def version(build: Path | None = None) -> str:
     lines = [x for x in (out.stdout + out.stderr).splitlines() if x.startswith("version")]
     line = lines[0].split(":", 1)[1].strip() if lines else "unknown"
     return f"{line}, from the llama-cpp-python 0.3.36 source distribution"
+
+
+def amx_note() -> str | None:
+    """What the AMX build's server self-test said (`make llama-cpp LLAMA_CPP_AMX=1`), or None if never tried."""
+    f = llama_cpp_home() / "amx-self-test.txt"
+    if not f.exists():
+        return None
+    text = f.read_text().strip().splitlines()
+    active = build_dir().resolve().name
+    return (f"AMX build {'in use' if active == 'build-amx' else 'not used'}: {text[-1] if text else 'no output'}")
 
 
 def _free_port() -> int:
@@ -130,7 +141,9 @@ class LlamaServer:
         t0 = time.time()
         while time.time() - t0 < START_TIMEOUT_S:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self.proc.returncode} at start: {' '.join(self.cmd)}")
+                code = self.proc.returncode
+                how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+                raise RuntimeError(f"llama-server {how} at start: {' '.join(self.cmd)}")
             try:
                 status, _ = self._request("GET", "/health", None, timeout=5)
                 if status == 200:

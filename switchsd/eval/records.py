@@ -121,7 +121,7 @@ def file_hash(path: str | os.PathLike | None) -> dict | None:
     return {"path": shown, "sha256": h.hexdigest()}
 
 
-def versions(llama_cpp: str | None = None) -> dict:
+def versions(llama_cpp: str | None = None, llama_cpp_amx: str | None = None) -> dict:
     import importlib.metadata as md
     out = {"python": platform.python_version()}
     for pkg in ("torch", "transformers", "vllm"):
@@ -130,6 +130,7 @@ def versions(llama_cpp: str | None = None) -> dict:
         except md.PackageNotFoundError:
             out[pkg] = None
     out["llama_cpp"] = llama_cpp
+    out["llama_cpp_amx"] = llama_cpp_amx
     return out
 
 
@@ -138,7 +139,7 @@ def write_record(path: Path, *, meta: dict, methods: list[str], records: dict[st
     """One benchmark run -> a gzipped record at `path` (atomically)."""
     rec = {
         "schema": SCHEMA, "kind": "bench", "dataset": meta["dataset"], "date": meta["date"],
-        "command": meta["command"], "machine": machine(), "versions": versions(meta.get("llama_cpp")),
+        "command": meta["command"], "machine": machine(), "versions": versions(meta.get("llama_cpp"), meta.get("llama_cpp_amx")),
         "commit": commit(), "model": meta["model"], "format": meta["dtype"], "device": meta["device"],
         "files": {"head": file_hash(meta.get("head_path")), "probe": file_hash(meta.get("probe_path")),
                   "head_gguf": file_hash(meta.get("head_gguf"))},
