@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup browser compiler run lint test test-fast calibrate screenshots vllm vllm-serve llama-cpp bench-records report clean
+.PHONY: setup browser compiler run lint test test-fast calibrate screenshots vllm vllm-serve llama-cpp bench-records report device-check eagle3-device-pack eagle3-device clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -75,17 +75,21 @@ vllm: setup          ## vLLM's own environment with the SwitchSD plugin (.venv-v
 
 # vLLM's OpenAI-compatible server on 127.0.0.1:8000 with SwitchSD speculation: VLLM_METHOD=switchsd (the gate
 # between copy chains and vLLM's EAGLE-3 with the shipped head) or any method of switchsd/vllm/methods.py (copy:
-# the copy drafter alone); VLLM_K: the draft cap (empty: the method's default). Eager: the shipped probe reads
-# layer 19 through a forward hook, which compiled graphs do not run (a probe on a layer EAGLE-3 captures does not need it)
+# the copy drafter alone); VLLM_K: the draft cap (empty: the method's default). switchsd/vllm/server.py.
 VLLM_METHOD ?= switchsd
 VLLM_K ?=
 vllm-serve: vllm
-	@spec="$$(.venv/bin/python -m switchsd.vllm.methods $(VLLM_METHOD) $(VLLM_K))" || exit 2; \
-	SWITCHSD_VLLM_GATE=$(if $(filter switchsd,$(VLLM_METHOD)),probes/smollm2-135m-instruct.safetensors) \
-	LD_PRELOAD="$$(ls $(CURDIR)/.venv-vllm/lib/libiomp5.so 2>/dev/null)" .venv-vllm/bin/python -m switchsd.vllm.cli serve \
-	  "$$(.venv/bin/python -c 'from switchsd.models.loading import default_model_folder as f; print(f())')" \
-	  --host 127.0.0.1 --port 8000 $$(.venv/bin/python -m switchsd.vllm.methods --serve-flags) --gpu-memory-utilization 0.3 \
-	  $${spec:+--speculative-config "$$spec"}
+	$(BIN)/python -m switchsd vllm serve --method $(VLLM_METHOD) $(if $(VLLM_K),--k $(VLLM_K))
+
+# the device checks (an accelerator lent to some sessions only): the GPU path, the EAGLE-3 head at scale
+device-check: setup
+	bash scripts/device_check.sh
+
+eagle3-device-pack: setup   ## what the EAGLE-3 device run carries (.devcarry/, git-ignored)
+	bash scripts/eagle3_device_pack.sh
+
+eagle3-device:        ## on a lent accelerator: the target's answers and the head trained on them
+	bash scripts/eagle3_device.sh
 
 clean:
 	rm -rf $(VENV) .venv-vllm .pytest_cache .hypothesis

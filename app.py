@@ -6,14 +6,13 @@ import argparse
 from starlette.middleware import Middleware
 
 from app.early_js import EarlyScript
-from app.guard import GUARD
+from app.guard import GUARD, QUEUE_MAX
 from app.live import LiveRoute
 from app.render import CSS, HEAD_JS
 from app.resources import Resources, settle_heap
 from app.studio import build_demo, quiet_queue
 from switchsd.models.forward import FORWARDS
 
-QUEUE_MAX = 16
 MAX_UPLOAD = "1mb"          # uploads are probe files (the shipped one is ~10 KB); switchsd/core/probe.py checks too
 
 

@@ -13,6 +13,8 @@ import threading
 import time
 from collections import defaultdict, deque
 
+QUEUE_MAX = 16          # runs the whole queue holds (`queue(max_size=...)` in app.py)
+
 
 class QueueGuard:
     def __init__(self, per_session: int = 2, clock=time.monotonic) -> None:

@@ -13,6 +13,7 @@ import torch
 
 from switchsd import envs
 from switchsd.core.events import StepEvent, summarize
+from switchsd.io import check_text
 
 from . import plots
 from .live import BOARD
@@ -23,8 +24,7 @@ MAX_NEW_TOKENS = 1024
 # Every frame costs CPU twice: here (HTML, figure dicts, serialisation) and in the browser (DOM, drawing), and on
 # a small machine the browser shares the cores with the model. So figures are plain dicts (plots.py: building
 # go.Figures took 40-80 ms per refresh) and live plots are drawn by the page script (app/page.js: a canvas
-# on small machines, since a Plotly redraw costs ~10 ms of browser CPU per plot). Measured with
-# scripts/app_overhead.py (docs/results.md).
+# on small machines, since a Plotly redraw costs ~10 ms of browser CPU per plot).
 REFRESH_S = envs.get("SWITCHSD_REFRESH_S")        # the token view, not per token
 PLOT_REFRESH_S = envs.get("SWITCHSD_PLOT_REFRESH_S")   # the four live plots
 FULL_REFRESH_S = envs.get("SWITCHSD_FULL_REFRESH_S")   # whole view through Gradio (API)
@@ -33,7 +33,7 @@ FULL_REFRESH_S = envs.get("SWITCHSD_FULL_REFRESH_S")   # whole view through Grad
 FIRST_FRAME_S = envs.get("SWITCHSD_FIRST_FRAME_S")
 # a click costs the browser 60-100 ms of CPU (Gradio's request and messages, the status, style and layout of a
 # page holding the last run's plots and tokens); the engine starts this long after the click so that this work
-# does not land on its prefill (measured with scripts/app_overhead.py: prefills of 70 ms ran 100-290 ms)
+# does not land on its prefill (measured: prefills of 70 ms ran 100-290 ms without the pause)
 SETTLE_S = envs.get("SWITCHSD_SETTLE_S")
 PLOT_IDS = ("plot-accept", "plot-probe", "plot-copy-rate", "plot-toks")    # elem ids, in output order
 UI_SHARE = 0.05            # ...and both less often when drawing would take more than this share of the time
@@ -61,6 +61,10 @@ def check_prompt(res: Resources, prompt: str, chat: bool) -> list[int]:
         raise UserError("The prompt is empty: type something or pick a preset.")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise UserError(f"The prompt has {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}.")
+    try:
+        check_text(prompt, "The prompt")
+    except ValueError as e:
+        raise UserError(f"{e}.") from None
     lm = res.lm()
     try:
         ids = lm.encode(prompt, chat=chat)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from probes.labels import ALIGN, copy_labels
+from switchsd.io import check_text
 from switchsd.models.capture import HiddenCapture
 
 from .render import heat_strip
@@ -32,6 +33,10 @@ def score_text(res: Resources, probes: list, names: list[str], text: str, genera
         raise UserError(f"The text has {len(text)} characters; the probe lab takes at most {MAX_PROMPT_CHARS}.")
     if not probes:
         raise UserError("Choose at least one probe.")
+    try:
+        check_text(text, "The text")
+    except ValueError as e:
+        raise UserError(f"{e}.") from None
     lm = res.lm()
     if generate:
         from switchsd.core.config import EngineConfig

@@ -159,8 +159,17 @@ class Resources:
 
     def load_upload(self, path: str) -> Probe:
         """A probe the visitor uploaded (Gradio's upload folder, size-capped at launch). Not cached: the lab's
-        session state keeps the scores, never the probe."""
-        return self._read_probe(Path(path))
+        session state keeps the scores, never the probe. An API client can name any path in its FileData: only
+        files inside the upload folder are read, whatever else exists on the server."""
+        from gradio.utils import get_upload_folder
+        folder = Path(get_upload_folder()).resolve()
+        try:
+            real = Path(str(path)).resolve()
+        except (OSError, RuntimeError, ValueError):
+            real = None
+        if real is None or not real.is_relative_to(folder) or not real.is_file():
+            raise UserError("that is not an uploaded file: upload a .safetensors probe with the file box")
+        return self._read_probe(real)
 
     def _read_probe(self, path: Path) -> Probe:
         try:

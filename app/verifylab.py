@@ -15,6 +15,7 @@ import torch
 
 from switchsd.core.config import SamplingConfig
 from switchsd.core.rules import RULES, Rule, overshoot_ratio
+from switchsd.io import check_text
 
 from .render import token_text
 from .resources import MAX_PROMPT_CHARS, Resources, UserError
@@ -49,6 +50,10 @@ def run(res: Resources, prompt: str, rule_name: str, knob: float | None, tempera
         raise UserError("Write a prompt first.")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise UserError(f"The prompt has {len(prompt)} characters; the lab takes at most {MAX_PROMPT_CHARS}.")
+    try:
+        check_text(prompt, "The prompt")
+    except ValueError as e:
+        raise UserError(f"{e}.") from None
     rule = make_rule(rule_name, knob)
     if not (isinstance(temperature, (int, float)) and 0.05 <= float(temperature) <= 2.0):
         raise UserError("temperature must be between 0.05 and 2 (verification rules relax *sampling*)")

@@ -1,6 +1,6 @@
 """Collect probe training / evaluation data: target completions, labels, hidden states at every site.
 
-    python -m probes.collect --out runs/probes/smollm2 [--model M] [--n 1200] [--max-new-tokens 192]
+    switchsd probe collect --out runs/probes/smollm2 [--model M] [--n 1200] [--max-new-tokens 192]
         [--sets copydiversity,realtext,constructed,natural,mtbench]
 
 Sets: copydiversity (our 32-type prompts, completions by the target), realtext (copy-intent prompts on real

@@ -1,7 +1,7 @@
 """Score a probe on new prompts: the target writes greedy completions, they are labelled (verbatim spans of
 >= n_train tokens seen earlier), and the probe reads the decision-aligned hidden state of every position.
 
-    python -m probes.evaluate --probe probes/smollm2-135m-instruct.safetensors --data-file PROMPTS.jsonl
+    switchsd probe evaluate --probe probes/smollm2-135m-instruct.safetensors --data-file PROMPTS.jsonl
 
 Rows of the JSONL hold {"prompt": ...}. Prints AUC / F1 and, LAST, one JSON line
 {"auc": .., "f1": .., "n_tokens": .., "positive_rate": ..} (F1 at the probe's own tau).

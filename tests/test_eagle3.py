@@ -102,7 +102,13 @@ def test_loader_prefix_variants_and_missing_embed(tmp_path, target):
     sd["embed_tokens.weight"] = torch.zeros(V, H)      # present in some exports; always taken from the target
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     save_file(sd, str(tmp_path / "model.safetensors"))
-    load_eagle3(str(tmp_path), target)
+    head = load_eagle3(str(tmp_path), target)
+    loaded = head.state_dict()
+    assert not any("embed" in k for k in loaded), "an exported embedding must not replace the target's"
+    for k, v in sd.items():                          # "model.layers.0." read as the published "midlayer."
+        if k != "embed_tokens.weight":
+            name = "midlayer." + k[len("model.layers.0."):] if k.startswith("model.layers.0.") else k
+            assert torch.equal(loaded[name].to(v.dtype), v), k
 
 
 @pytest.mark.parametrize("change,msg", [({"hidden": 48}, "hidden size"), ({"vocab": 80}, "vocabulary")])

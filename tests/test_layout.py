@@ -65,7 +65,7 @@ def test_one_command_lists_every_subcommand(capsys):
     out = capsys.readouterr().out
     assert all(name in out for name in SUBCOMMANDS)
     assert not [p.name for p in (ROOT / "switchsd").glob("*.py")
-                if p.name not in ("__init__.py", "__main__.py", "factory.py", "io.py", "methods.py")], \
+                if p.name not in ("__init__.py", "__main__.py", "envs.py", "factory.py", "io.py", "methods.py")], \
         "no command shim modules at the package top"
 
 
@@ -78,3 +78,48 @@ def test_no_module_over_the_size_limit():
     big = [(str(p.relative_to(ROOT)), n) for d in ("switchsd", "app", "probes") for p in (ROOT / d).rglob("*.py")
            if (n := len(p.read_text().splitlines())) > 420]
     assert not big, big
+
+
+def _script_offences(path: Path) -> list[str]:
+    """sys.path edits and reads of private names (`obj._name`) in one script."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute):
+            if node.attr == "path" and isinstance(node.value, ast.Name) and node.value.id == "sys":
+                out.append(f"{path.name}:{node.lineno}: sys.path")
+            elif node.attr.startswith("_") and not node.attr.startswith("__"):
+                out.append(f"{path.name}:{node.lineno}: .{node.attr}")
+    return out
+
+
+def test_scripts_edit_no_import_path_and_read_no_private_name(tmp_path):
+    offences = [o for p in sorted((ROOT / "scripts").rglob("*.py")) for o in _script_offences(p)]
+    assert offences == []
+    planted = tmp_path / "bad.py"                     # the check bites
+    planted.write_text("import sys\nsys.path.insert(0, '.')\nx = eng._forward\n")
+    assert len(_script_offences(planted)) == 2
+
+
+def test_every_script_is_run_by_a_make_target_or_a_test_or_listed_as_a_dev_tool():
+    users = (ROOT / "Makefile").read_text() + "".join(p.read_text() for p in (ROOT / "tests").glob("*.py"))
+    unused = [p.name for p in (ROOT / "scripts").iterdir() if p.is_file() and f"scripts/{p.name}" not in users]
+    assert unused == [], "each script in scripts/ is run by a make target or a test"
+    listed = (ROOT / "scripts" / "dev" / "README.md").read_text()
+    unlisted = [p.name for p in (ROOT / "scripts" / "dev").glob("*.py") if f"`{p.name}`" not in listed]
+    assert unlisted == [], "each development tool has its one-line purpose in scripts/dev/README.md"
+
+
+def test_the_subcommand_groups_list_their_members_and_refuse_others(capsys):
+    import pytest
+
+    from switchsd.cli.groups import GROUPS, run
+    for group, table in GROUPS.items():
+        run(group, ["--help"])
+        out = capsys.readouterr().out
+        assert all(name in out for name in table), group
+        with pytest.raises(SystemExit, match=f"unknown `switchsd {group}` subcommand 'nope'"):
+            run(group, ["nope"])
+    import importlib
+    for table in GROUPS.values():            # every member's module exists and has its main(argv)
+        for module, _ in table.values():
+            assert callable(importlib.import_module(module).main), module

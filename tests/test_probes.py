@@ -227,7 +227,7 @@ def _shipped_probe_auc(lm, name: str, tmp_path) -> tuple[float, float]:
     """(ROC AUC, copy rate) of the shipped probe on greedy completions of set `name` written by the target.
 
     The completions (token ids) are stored in tests/data/probe_completions.jsonl.gz by
-    `python scripts/dev/probe_test_completions.py`: writing them here was most of these tests' time (about half the
+    `python tests/write_probe_completions.py`: writing them here was most of these tests' time (about half the
     suite's on an AVX2-only CPU). They are checked, not trusted: each prompt must encode to the stored prompt ids,
     and the scoring forwards must find >= 99% of completion tokens to be the target's argmax after their prefix
     (a batched product can break a rare near-tie otherwise); a missing row is generated afresh."""

@@ -88,10 +88,15 @@ def test_close_to_the_dense_model():
 @pytest.mark.parametrize("method", [m for m in STANDALONE_METHODS if m not in ("oracle",)])
 def test_tiny_q4q8_model_every_method_equals_its_own_vanilla(method):
     model = _tiny()
+    drafted = accepted = 0
     for seed, prompt in enumerate([random_prompt(3, 12), repetitive_prompt(4)]):
         ref = method_engine(model, "vanilla", max_new_tokens=24).run(prompt).token_ids
-        got = method_engine(model, method, max_new_tokens=24).run(prompt).token_ids
-        assert got == ref, f"{method} parts from vanilla on prompt {seed}"
+        gen = method_engine(model, method, max_new_tokens=24).run(prompt)
+        assert gen.token_ids == ref, f"{method} parts from vanilla on prompt {seed}"
+        drafted += sum(e.n_verified - 1 for e in gen.events)
+        accepted += sum(len(e.accepted) for e in gen.events)
+    if method != "vanilla":          # an equality with nothing drafted would prove nothing
+        assert drafted > 0 and accepted > 0, (method, drafted, accepted)
 
 
 @pytest.mark.real
@@ -110,7 +115,11 @@ def test_real_model_q4q8_decodes_and_methods_equal_its_vanilla():
     ref = build_engine("vanilla", lm, drafters, cfg).run(ids).token_ids
     assert "def add" in lm.tokenizer.decode(ref)
     for method in ("switchsd", "eagle3", "pld", "copyspec"):
-        assert build_engine(method, lm, drafters, cfg).run(ids).token_ids == ref, method
+        gen = build_engine(method, lm, drafters, cfg).run(ids)
+        assert gen.token_ids == ref, method
+        drafted = sum(p.get("drafted", 0) for p in gen.stats["paths"].values())
+        accepted = sum(p["accepted"] for p in gen.stats["paths"].values())
+        assert drafted > 0 and accepted > 0, (method, gen.stats["paths"])
 
 
 def test_the_vector_and_portable_paths_compute_the_same_bits():
@@ -221,3 +230,82 @@ def test_regeneration_runs_q4q8_and_answers_greedily():
     for key, prompt in prompts:
         s = got[key]
         assert s["ids"].tolist() == prompt + method_engine(model, "vanilla", max_new_tokens=10).run(prompt).token_ids
+
+
+# ------------------------------------------------------------------ llama.c against a float64 forward
+def _quantised(x: torch.Tensor) -> torch.Tensor:
+    """The activations as the kernel multiplies them: the float32 value in 8-bit blocks of 32 (q x d)."""
+    from switchsd.kernels.q4q8 import QK, quantize_reference
+    q, d, _ = quantize_reference(x.float().numpy())
+    return torch.from_numpy(q).double() * torch.from_numpy(d).double().repeat_interleave(QK, 1)
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return w.double() * (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rotate(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, sign: float = 1.0) -> torch.Tensor:
+    ang = pos.double()[:, None] * inv_freq.double()[None]                     # [T, hd / 2]
+    cos, sin = torch.cat([ang.cos()] * 2, -1)[:, None], torch.cat([ang.sin()] * 2, -1)[:, None]
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + sign * rot * sin
+
+
+def reference_forward(fwd: Q4Q8Llama, ids: list[int], rotary_sign: float = 1.0) -> torch.Tensor:
+    """The q4q8 forward in float64 over the de-quantised weights, the activations quantised as the kernel does at
+    every product: logits [T, V] of a causal prefill of `ids`."""
+    c = fwd.config
+    H, KV, hd, eps = fwd.heads, fwd.kv_heads, fwd.head_dim, float(c.rms_norm_eps)
+    T, pos = len(ids), torch.arange(len(ids))
+    x = fwd.embed[ids].double()                                                  # [T, d]
+    for layer, (w_qkv, w_o, w_gu, w_down) in enumerate(fwd.layers):
+        qkv = _quantised(_rms(x, fwd.norms[2 * layer], eps)) @ w_qkv.dequantized().double().T
+        q, k, v = qkv.split([H * hd, KV * hd, KV * hd], -1)
+        q = _rotate(q.view(T, H, hd), pos, fwd.inv_freq, rotary_sign)
+        k = _rotate(k.view(T, KV, hd), pos, fwd.inv_freq, rotary_sign)
+        k, v = (t.view(T, KV, hd).repeat_interleave(H // KV, 1) for t in (k, v))     # [T, H, hd]
+        s = torch.einsum("thd,shd->hts", q, k) * hd ** -0.5
+        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        att = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, H * hd)
+        x = x + _quantised(att) @ w_o.dequantized().double().T
+        gu = _quantised(_rms(x, fwd.norms[2 * layer + 1], eps)) @ w_gu.dequantized().double().T
+        g, u = gu.chunk(2, -1)
+        x = x + _quantised(g / (1 + torch.exp(-g)) * u) @ w_down.dequantized().double().T
+    return _quantised(_rms(x, fwd.norm, eps)) @ fwd.head.dequantized().double().T
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_llama_c_is_a_float64_forward_of_its_dequantised_weights(seed):
+    """llama.c (one C call) against the same forward in float64 over the de-quantised weights with the same
+    activation quantisation: within 1e-5 of the logits' scale. The check bites: a rotary sign flipped in the
+    reference, or its activations left unquantised, is far outside it."""
+    fwd = _tiny(seed)._switchsd_q4q8
+    ids = random_prompt(10 + seed, 24)
+    lg, _ = fwd.forward(torch.tensor([ids]), fwd.new_cache(64))
+    ref = reference_forward(fwd, ids)
+    scale = ref.abs().max()
+    assert (lg.double() - ref).abs().max() / scale < 1e-5
+    assert (lg.double() - reference_forward(fwd, ids, rotary_sign=-1.0)).abs().max() / scale > 1e-3
+
+
+def test_llama_c_refuses_what_it_cannot_read():
+    fwd = _tiny()._switchsd_q4q8
+    cache = fwd.new_cache(64)
+    for bad, msg in ((torch.tensor([[3, 64]]), "outside the vocabulary"), (torch.tensor([[-1, 3]]), "outside"),
+                     (torch.zeros(1, 0, dtype=torch.long), "at least one row"),
+                     (torch.tensor([[1.0, 2.0]]), "must be integers")):
+        with pytest.raises(ValueError, match=msg):
+            fwd.forward(bad, cache)
+    assert len(cache) == 0, "nothing half-written into the cache"
+    lin = fwd.layers[0][1]
+    for value in (float("nan"), float("inf")):
+        x = torch.randn(2, lin.in_features)
+        x[1, 3] = value
+        with pytest.raises(ValueError, match="NaN or inf"):
+            lin(x)
+    with pytest.raises(ValueError, match="no rows"):
+        lin(torch.zeros(0, lin.in_features))
+    wide = torch.randn(3, 2 * lin.in_features)
+    strided = wide[:, ::2]                                   # a strided view: read as its values, not its memory
+    assert not strided.is_contiguous() and torch.equal(lin(strided), lin(strided.contiguous()))

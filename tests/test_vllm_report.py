@@ -1,20 +1,15 @@
-"""scripts/vllm_report.py: a text that differs from `none`'s is found, matched to the prompt vLLM's client sent (its
+"""`switchsd vllm report` (switchsd/vllm/report.py): a text that differs from `none`'s is found, matched to the prompt vLLM's client sent (its
 shuffled order, checked against the request's input length) and named with the float32 margin at its first
 differing token; identical texts are not reported."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("vllm_report", ROOT / "scripts" / "vllm_report.py")
-report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(report)
+from switchsd.vllm import report
 
 
 def _result(texts: list[str], input_lens: list[int]) -> dict:

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from probes.features import decision_features, load_site  # noqa: E402
-from probes.fit import fit_probe  # noqa: E402
-from probes.metrics import roc_auc  # noqa: E402
+from probes.features import decision_features, load_site
+from probes.fit import fit_probe
+from probes.metrics import roc_auc
 from probes.train import split_mask  # noqa: E402
 from switchsd.models.loading import load_model  # noqa: E402
 

@@ -12,6 +12,7 @@ import torch
 
 from ..core.events import hidden_to_list
 from ..core.rules import parse_rule
+from ..io import check_text, decode_utf8
 from ..methods import METHODS
 from .common import (
     Neural,
@@ -42,7 +43,10 @@ def main(argv=None) -> None:
     add_neural_args(ap)
     args = ap.parse_args(argv)
     parse_method(args.method)
-    prompt = args.prompt if args.prompt not in (None, "-") else sys.stdin.read()
+    try:
+        prompt = check_text(args.prompt if args.prompt not in (None, "-") else decode_utf8(sys.stdin.buffer.read()))
+    except ValueError as e:
+        ap.error(str(e))
     if not prompt.strip():
         ap.error("the prompt is empty")
     lm = load(args)

@@ -13,6 +13,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("switchsd.cli.generate", "decode one prompt with one method and print the text (or --json)"),
     "bench": ("switchsd.eval.bench", "methods and peers side by side on a dataset (Tok/s, speedup, identity)"),
     "report": ("switchsd.eval.report", "rebuild docs/results.md and the README's results from docs/records"),
+    "probe": ("switchsd.cli.groups:probe", "copy-intent probes: collect | train | evaluate"),
+    "vllm": ("switchsd.cli.groups:vllm", "SwitchSD in vLLM: serve | bench | pair | report | replay"),
     "calibrate": ("switchsd.models.calibrate", "measure this device's verification cost curve (the cost gate's)"),
     "quality": ("switchsd.eval.quality", "task accuracy of lossy verification rules against lossless"),
     "serve-bench": ("switchsd.serve.bench", "batched serving: plain, speculative and MineDraft PSD under load"),
@@ -45,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     if name not in SUBCOMMANDS:
         print(usage(), end="", file=sys.stderr)
         raise SystemExit(f"error: unknown subcommand {name!r}; choose from {', '.join(SUBCOMMANDS)}")
-    module = importlib.import_module(SUBCOMMANDS[name][0])
+    target, _, func = SUBCOMMANDS[name][0].partition(":")
+    module = importlib.import_module(target)
     sys.argv[0] = f"switchsd {name}"           # argparse's prog: usage lines read `switchsd bench ...`
-    module.main(rest)
+    getattr(module, func or "main")(rest)

@@ -159,15 +159,9 @@ class CostAware:
     def select(self, state: PolicyState) -> Decision:
         if state.step == 0:                  # a new sequence: the head's first draft feeds its whole context
             self._neural_last = False
-        memo = self._plain
-        if memo is not None:
-            key = (min(state.max_len, getattr(self.neural, "gamma", 1)), state.rows)
-            if memo[0] == key and memo[2] > 0 and self.plain_run + 1 < memo[3]:
-                self.plain_run += 1
-                self.neural_acc.fade(DECAY)
-                self._plain = (key, memo[1], memo[2] - 1, memo[3])
-                return memo[1]
-            self._plain = None
+        replay = self._replay_plain(state)
+        if replay is not None:
+            return replay
         limit = max(1, state.rows)
         score, tau = state.probe_score, self.tau
         match = self.copy is not None and self.copy.has_match(state.tokens)
@@ -184,13 +178,53 @@ class CostAware:
             if confs:
                 self.neural_ms.add(len(confs), sunk)
             shapes = [(g, g + 1) for g in range(1, len(confs) + 1)]
-        # option: (expected tokens per ms, choice, copy depth, neural depth, verify rows)
-        options = [(1.0 / (V(1) + sunk), "plain", 0, 0, 1)]
         copy_cuts = self._cuts(self.copy, state, limit) if plausible and state.max_len > 0 and limit > 1 else []
         low, l_cuts = None, []
         if self.lookup is not None and state.max_len > 0 and limit > 1:
             low = sum(score >= e for e in self.look_edges) if score is not None else 0
             l_cuts = self._cuts(self.lookup, state, limit)
+        options = self._options(V, limit, sunk, shapes, confs, copy_cuts, bucket, l_cuts, low)
+        best, explore, every = self._explore(max(options, key=lambda o: o[0]), options, shapes, V)
+        value, choice, d, g, rows = best
+        # paths that could have drafted but did not: their evidence fades (re-tried once it no longer says no)
+        if copy_cuts and choice not in ("copy", "copy+neural"):
+            self.copy_acc[bucket].fade(DECAY)
+        if low is not None and l_cuts and choice != "lookup":
+            self.lookup_acc[low].fade(DECAY)
+        self._chosen = {"choice": choice, "bucket": bucket, "low": low, "confs": confs}
+        top = sorted(options, key=lambda o: -o[0])[:4]
+        gate = {"mode": "cost", "probe": score, "tau": tau, "kgram_match": match, "copy": plausible,
+                "choice": choice, "copy_depth": d, "neural_depth": g, "explore": explore,
+                "expected_tok_s": {_label(c, cd, ng): round(1000 * v, 1) for v, c, cd, ng, _ in top},
+                "rows": rows}
+        if confs is not None:
+            gate["neural_conf"] = [round(c, 3) for c in confs]
+        drafters = {"plain": (), "copy": (self.copy,), "neural": (self.neural,), "lookup": (self.lookup,),
+                    "copy+neural": (self.copy, self.neural)}[choice]
+        decision = Decision(drafters, max_len=max(d, g), rows=rows, merge=choice == "copy+neural", why=gate)
+        if choice == "plain" and every is not None and self.copy is None and self.lookup is None and not self.confidence:
+            key = (min(state.max_len, getattr(self.neural, "gamma", 1)), state.rows)
+            self._plain = (key, decision, self.REPRICE - 1, every)
+        return decision
+
+    def _replay_plain(self, state: PolicyState) -> Decision | None:
+        """A neural-only gate's last plain decision again while nothing it weighs has changed (REPRICE)."""
+        memo = self._plain
+        if memo is None:
+            return None
+        key = (min(state.max_len, getattr(self.neural, "gamma", 1)), state.rows)
+        if memo[0] == key and memo[2] > 0 and self.plain_run + 1 < memo[3]:
+            self.plain_run += 1
+            self.neural_acc.fade(DECAY)
+            self._plain = (key, memo[1], memo[2] - 1, memo[3])
+            return memo[1]
+        self._plain = None
+        return None
+
+    def _options(self, V, limit: int, sunk: float, shapes, confs, copy_cuts, bucket, l_cuts, low) -> list[tuple]:
+        """Every option on offer, priced: (expected tokens per ms, choice, copy depth, neural depth, verify rows)."""
+        options = [(1.0 / (V(1) + sunk), "plain", 0, 0, 1)]
+        if l_cuts:
             l_reach = self.lookup_acc[low].reach(len(l_cuts))
             l_ms = self.lookup_ms.get(1) + sunk
             for d, rows in l_cuts:
@@ -213,7 +247,11 @@ class CostAware:
                 e = csum[d] + nsum[g] - both[min(d, g)]
                 rows_b = min(c_rows + rows - 1, limit)
                 options.append((damp * (1 + e) / (V(rows_b) + c_ms + n_ms), "copy+neural", d, g, rows_b))
-        best = max(options, key=lambda o: o[0])
+        return options
+
+    def _explore(self, best: tuple, options: list[tuple], shapes, V) -> tuple[tuple, bool, float | None]:
+        """(the option to run, whether it is a re-try, the re-try period): a plain best re-tries the neural drafter
+        in bursts of BURST chain-1 steps once every `every` plain steps (at most `explore` of the time)."""
         explore, every = False, None
         if best[1] == "plain" and shapes:         # (confidence mode: its calibration learns from these too)
             self.plain_run += 1
@@ -229,27 +267,7 @@ class CostAware:
             self._burst = max(0, self._burst - 1)
         else:
             self._burst = 0
-        value, choice, d, g, rows = best
-        # paths that could have drafted but did not: their evidence fades (re-tried once it no longer says no)
-        if copy_cuts and choice not in ("copy", "copy+neural"):
-            self.copy_acc[bucket].fade(DECAY)
-        if low is not None and l_cuts and choice != "lookup":
-            self.lookup_acc[low].fade(DECAY)
-        self._chosen = {"choice": choice, "bucket": bucket, "low": low, "confs": confs}
-        top = sorted(options, key=lambda o: -o[0])[:4]
-        gate = {"mode": "cost", "probe": score, "tau": tau, "kgram_match": match, "copy": plausible,
-                "choice": choice, "copy_depth": d, "neural_depth": g, "explore": explore,
-                "expected_tok_s": {_label(c, cd, ng): round(1000 * v, 1) for v, c, cd, ng, _ in top},
-                "rows": rows}
-        if confs is not None:
-            gate["neural_conf"] = [round(c, 3) for c in confs]
-        drafters = {"plain": (), "copy": (self.copy,), "neural": (self.neural,), "lookup": (self.lookup,),
-                    "copy+neural": (self.copy, self.neural)}[choice]
-        decision = Decision(drafters, max_len=max(d, g), rows=rows, merge=choice == "copy+neural", why=gate)
-        if choice == "plain" and every is not None and self.copy is None and self.lookup is None and not self.confidence:
-            key = (min(state.max_len, getattr(self.neural, "gamma", 1)), state.rows)
-            self._plain = (key, decision, self.REPRICE - 1, every)
-        return decision
+        return best, explore, every
 
     def outlook(self) -> dict | None:
         """Why the neural drafter does or does not pay here, from what the gate has learnt so far: for each chain

@@ -28,6 +28,16 @@ class ProbeError(ValueError):
     pass
 
 
+SIGNATURE = ("model_type", "vocab_size", "num_attention_heads", "num_key_value_heads", "intermediate_size")
+
+
+def model_signature(model) -> dict:
+    """What a probe records of its model beyond hidden size and layers, so that a probe from another model of
+    the same width and depth is refused (not a vocabulary hash: one file per model format would need one)."""
+    cfg = model.config
+    return {k: getattr(cfg, k, None) for k in SIGNATURE if getattr(cfg, k, None) is not None}
+
+
 @dataclass
 class Probe:
     weight: torch.Tensor          # [d]
@@ -68,6 +78,11 @@ class Probe:
                              f"{cfg.num_hidden_layers} layers: this probe belongs to another model")
         if not 0 <= self.layer < cfg.num_hidden_layers:
             raise ProbeError(f"probe layer {self.layer} does not exist")
+        have = model_signature(model)
+        for key, want in ((k, self.meta.get(k)) for k in SIGNATURE):      # older probes carry none of these
+            if want is not None and str(want) != str(have.get(key)):
+                raise ProbeError(f"probe is for a model with {key} {want} ({self.meta.get('model')}), the model "
+                                 f"has {have.get(key)}: this probe belongs to another model of the same shape")
 
     def save(self, path: str | Path) -> None:
         from safetensors.torch import save_file

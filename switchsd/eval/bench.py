@@ -52,7 +52,7 @@ from .datasets import DATASETS
 from .llama_server import SERVER_PEERS, LlamaServerPeer
 from .mismatch import explain, summarize_mismatches
 from .peers import HF_PEERS, HFPeer
-from .records import aggregate, write_record
+from .records import aggregate, commit, write_record
 
 PEERS = HF_PEERS + SERVER_PEERS
 
@@ -166,6 +166,7 @@ class BenchRun:
 def run(args: argparse.Namespace, methods: list[str], prompts: list[dict]) -> BenchRun:
     """Every method on every prompt, interleaved prompt by prompt after a warm-up, resumable from
     `--out`/partial.jsonl."""
+    started = commit()          # the code that runs: the checkout as it is now, not when the record is written
     lm = load(args)
     budget, source = resolve_budget(args, lm)
     cfg = engine_config(args, budget)
@@ -228,7 +229,7 @@ def run(args: argparse.Namespace, methods: list[str], prompts: list[dict]) -> Be
     key = {"dataset": args.dataset, "methods": methods, "prompts": [pid for pid, _ in encoded], "model": lm.name,
            "chat": chat, "dtype": lm.precision, "budget": budget, "engine": asdict(cfg), "copy": asdict(copy_cfg),
            "neural": asdict(n_cfg), "gate": asdict(g_cfg), "eagle": args.eagle, "probe": args.probe,
-           "draft": args.draft, "fallback": args.neural, "seed": 0,
+           "draft": args.draft, "fallback": args.neural, "seed": 0, "commit": started["sha"],
            # the prompts' token ids, so an edited --data-file with the same ids is not merged
            "prompt_sha": hashlib.sha256(json.dumps(encoded).encode()).hexdigest()[:16]}
     done = _resume(out / "partial.jsonl", key, args.fresh)
@@ -259,7 +260,7 @@ def run(args: argparse.Namespace, methods: list[str], prompts: list[dict]) -> Be
             "device": str(lm.device), "dtype": lm.precision, "chat": chat, "budget": budget,
             "budget_source": source, "engine": asdict(cfg), "copy": asdict(copy_cfg),
             "torch": torch.__version__, "platform": platform.platform(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": args.command,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": args.command, "commit": started,
             "max_new_tokens": cfg.max_new_tokens, "eagle": args.eagle, "probe": args.probe,
             "head_path": str(DEFAULT_HEADS.get(lm.name, "")) if args.eagle == "auto" else args.eagle,
             "probe_path": str(DEFAULT_PROBES.get(lm.name, "")) if args.probe == "auto" else args.probe,

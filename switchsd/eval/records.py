@@ -88,7 +88,18 @@ def machine_label(m: dict) -> str:
     isa = "AMX" if "amx_tile" in f else "AVX-512" if "avx512f" in f else "AVX2" if "avx2" in f else "x86"
     if isa == "AMX":
         isa = "AVX-512 + AMX"
-    return f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, L3 {m.get('l3') or '?'}, {isa}"
+    return f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, L3 {_size(m.get('l3'))}, {isa}"
+
+
+def _size(text: str | None) -> str:
+    """'491520K' (sysfs) -> '480 MiB'."""
+    if not text:
+        return "?"
+    num, unit = text[:-1], text[-1].upper()
+    if not num.isdigit() or unit not in "KMG":
+        return text
+    kib = int(num) * {"K": 1, "M": 1024, "G": 1024 ** 2}[unit]
+    return f"{kib / 1024:g} MiB" if kib >= 1024 else f"{kib} KiB"
 
 
 def commit() -> dict:
@@ -140,7 +151,7 @@ def write_record(path: Path, *, meta: dict, methods: list[str], records: dict[st
     rec = {
         "schema": SCHEMA, "kind": "bench", "dataset": meta["dataset"], "date": meta["date"],
         "command": meta["command"], "machine": machine(), "versions": versions(meta.get("llama_cpp"), meta.get("llama_cpp_amx")),
-        "commit": commit(), "model": meta["model"], "format": meta["dtype"], "device": meta["device"],
+        "commit": meta.get("commit") or commit(), "model": meta["model"], "format": meta["dtype"], "device": meta["device"],
         "files": {"head": file_hash(meta.get("head_path")), "probe": file_hash(meta.get("probe_path")),
                   "head_gguf": file_hash(meta.get("head_gguf"))},
         "settings": {k: meta[k] for k in ("n_prompts", "chat", "budget", "budget_source", "engine", "copy",

@@ -1,6 +1,6 @@
 """Rebuild the results pages from the committed records (`docs/records/*.json.gz`).
 
-    switchsd report            # writes docs/results.md and the README's results block
+    switchsd report            # writes docs/results.md, the README's results block and docs/scaling.md's vLLM one
     switchsd report --check    # exit 1 when a committed page differs from what the records give
 
 Every figure on those pages is recomputed here from a record's per-prompt runs; every table is headed with the
@@ -17,23 +17,59 @@ from .records import ROOT, machine_label, read_record, summarize
 RECORDS = ROOT / "docs" / "records"
 RESULTS = ROOT / "docs" / "results.md"
 README = ROOT / "README.md"
+SCALING = ROOT / "docs" / "scaling.md"
 BEGIN, END = "<!-- results:begin (switchsd report) -->", "<!-- results:end -->"
+VLLM_BEGIN, VLLM_END = "<!-- vllm:begin (switchsd report) -->", "<!-- vllm:end -->"
 SETS = {"humaneval": "HumanEval", "math500": "MATH-500", "cnndm": "CNN/DM", "mtbench": "MT-Bench",
         "specbench": "Spec-Bench"}
 ORDER = list(SETS)
 LLAMA_SPEC = ("llama-cpp-ngram", "llama-cpp-eagle3", "llama-cpp-hybrid")
 
 
-def load_records(folder: Path = RECORDS) -> list[tuple[str, dict]]:
-    """(file name, record) of every bench record, in the order of SETS then name."""
+def load_records(folder: Path = RECORDS, kind: str = "bench") -> list[tuple[str, dict]]:
+    """(file name, record) of every record of `kind`, bench records in the order of SETS then name."""
     out = [(p.name, read_record(p)) for p in sorted(folder.glob("*.json.gz"))]
     rank = {s: i for i, s in enumerate(ORDER)}
-    return sorted([x for x in out if x[1]["kind"] == "bench"],
-                  key=lambda x: (rank.get(x[1]["dataset"], len(rank)), x[0]))
+    return sorted([x for x in out if x[1]["kind"] == kind],
+                  key=lambda x: (rank.get(x[1].get("dataset"), len(rank)), x[0]))
 
 
 def _x(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "-"
+
+
+def vllm_block(recs: list[tuple[str, dict]]) -> str:
+    """The vLLM pair records as tables: per set, each method's tok/s, B over A with its 90% interval over
+    prompts (bootstrap), identical texts; headed with machine, commit, versions, files and command."""
+    from ..vllm.pair import ratio_interval
+    lines = [VLLM_BEGIN]
+    if not recs:
+        lines.append("No vLLM record yet.")
+    for name, rec in recs:
+        A, B = rec["methods"]
+        v, c, f = rec["versions"], rec["commit"], rec["files"]
+        lines += ["", f"Machine: {machine_label(rec['machine'])}. Commit `{(c.get('sha') or '?')[:10]}`"
+                  f"{' (with uncommitted changes)' if c.get('dirty') else ''}, {rec['date']}; vLLM {v.get('vllm')}, "
+                  f"{rec['format']}, {rec['settings']['max_new_tokens']} new tokens, concurrency 1, greedy; EAGLE-3 "
+                  f"head `{(f.get('head') or {}).get('sha256', '')[:12]}`, probe "
+                  f"`{(f.get('probe') or {}).get('sha256', '')[:12]}`. Record: `docs/records/{name}`.", "",
+                  f"    {rec['command']}", "",
+                  f"| set | {A} tok/s | {B} tok/s | {B} / {A} (90% interval over prompts) | same text |",
+                  "|---|---|---|---|---|"]
+        for ds, r in rec["sets"].items():
+            rows = r["requests"]
+            ta, tb = [x[A]["s"] for x in rows], [x[B]["s"] for x in rows]
+            ka, kb = sum(x[A]["tokens"] for x in rows), sum(x[B]["tokens"] for x in rows)
+            lo, hi = ratio_interval(ta, tb)
+            same = sum(x[A]["text"] == x[B]["text"] for x in rows)
+            lines.append(f"| {SETS.get(ds, ds)} {len(rows)} | {ka / sum(ta):.1f} | {kb / sum(tb):.1f} | "
+                         f"{(kb / sum(tb)) / (ka / sum(ta)):.3f}x ({lo:.3f}-{hi:.3f}) | {same}/{len(rows)} |")
+    return "\n".join(lines + ["", VLLM_END])
+
+
+def _amx(note: str) -> str:
+    """'AMX build not used: self-test: llama-server was killed by SIGSEGV at start: /path ...' -> without paths."""
+    return note.split(": /", 1)[0].replace("self-test: ", "its server self-test: ")
 
 
 def _heading(name: str, rec: dict) -> list[str]:
@@ -45,6 +81,8 @@ def _heading(name: str, rec: dict) -> list[str]:
             f"Model {rec['model']}, format {rec['format']}, budget {s.get('budget')}, "
             f"{s.get('max_new_tokens')} new tokens, greedy; EAGLE-3 head `{short(f.get('head'))}`, probe "
             f"`{short(f.get('probe'))}` (SHA-256 prefixes). Record: `docs/records/{name}`.",
+            *([f"llama.cpp's {_amx(rec['versions']['llama_cpp_amx'])} (`make llama-cpp LLAMA_CPP_AMX=1` builds "
+               "it and keeps it only where a server survives)."] if rec["versions"].get("llama_cpp_amx") else []),
             "", f"    {rec['command'].replace('python -m switchsd', 'switchsd')}"]
 
 
@@ -61,20 +99,29 @@ def set_table(rec: dict) -> list[str]:
 
 
 def _mismatch_lines(rec: dict) -> list[str]:
-    """Every text that differs from vanilla's, with the float32 margin at its first differing token."""
+    """Per method, the texts that differ from vanilla's: how many, and vanilla's float32 margin at the first
+    differing token (its logit minus the other token's: a near-tie where small), the widest one named."""
     mm = rec.get("mismatches")
     if mm is None:
         return ["Outputs that differ from vanilla's were not re-scored in float32."]
     if not mm:
         return []
-    out = ["Texts that differ from vanilla's, at the first differing token: the float32 logit of vanilla's token "
-           "minus the other's (a near-tie where it is small):", ""]
-    for x in mm:
-        if x.get("kind") == "token":
-            out.append(f"- {x['method']}, {x['id']}: token {x['position']}, margin {x['fp32_margin']:+.3f}, "
-                       f"float32 top-2 gap {x['fp32_top2_gap']:.3f}")
-        else:
-            out.append(f"- {x['method']}, {x['id']}: lengths {x.get('vanilla_len')} vs {x.get('other_len')}")
+    out = ["Texts that differ from vanilla's, per method: at the first differing token, vanilla's float32 margin "
+           "(the logit of vanilla's token minus the other's; a near-tie where small, so another arithmetic may pick "
+           "either):", ""]
+    n = {m: len(rs) for m, rs in rec["runs"].items()}
+    for method in dict.fromkeys(x["method"] for x in mm):
+        xs = [x for x in mm if x["method"] == method]
+        tok = sorted(((abs(x["fp32_margin"]), x) for x in xs if x.get("kind") == "token"), key=lambda t: t[0])
+        lengths = len(xs) - len(tok)
+        line = f"- {method}: {len(xs)} of {n.get(method, '?')}"
+        if tok:
+            widest = tok[-1][1]
+            line += (f"; margin {tok[0][0]:.3f} to {tok[-1][0]:.3f} (median {tok[len(tok) // 2][0]:.3f}), the "
+                     f"widest at {widest['id']}, token {widest['position']}")
+        if lengths:
+            line += f"; {lengths} differ only in where they stop"
+        out.append(line)
     return out
 
 
@@ -123,27 +170,32 @@ def results_page(recs: list[tuple[str, dict]]) -> str:
 
 
 def readme_block(recs: list[tuple[str, dict]]) -> str:
-    lines = [BEGIN]
-    heads = []
+    lines, heads, same, total = [BEGIN], [], 0, 0
     for _, rec in recs:
         s = summarize(rec)
         if {"llama-cpp", "switchsd"} <= set(s):
             heads.append(f"{SETS.get(rec['dataset'], rec['dataset'])} "
-                         f"{_x(s['switchsd']['tok_s'], s['llama-cpp']['tok_s'])}")
+                         f"**{_x(s['switchsd']['tok_s'], s['llama-cpp']['tok_s'])}**")
+            same, total = same + s["switchsd"]["identical"], total + s["switchsd"]["n"]
     if heads:
-        lines += [f"**SwitchSD against llama.cpp's own server on the same GGUF** (tok/s ratio, 128 new tokens, "
-                  f"greedy, outputs identical to vanilla's): {', '.join(heads)}; on {_machines(recs)}. "
-                  "Every row, llama.cpp's speculative types included: [docs/results.md](docs/results.md)."]
+        lines += [f"SwitchSD against llama.cpp's own server on the same GGUF file (Tok/s, prefill counted, 128 new "
+                  f"tokens, greedy): {', '.join(heads)}; {same} of {total} texts identical to plain greedy decoding. "
+                  f"{_machines(recs)}. Every row, llama.cpp's own speculative types and this project's other methods "
+                  "included, with the record behind it: [docs/results.md](docs/results.md)."]
     else:
         lines += ["No benchmark records yet: see [docs/results.md](docs/results.md)."]
     return "\n".join(lines + [END])
 
 
-def _readme_with(text: str, block: str) -> str:
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"error: README.md has no `{BEGIN}` ... `{END}` block for the results")
-    head, rest = text.split(BEGIN, 1)
-    return head + block + rest.split(END, 1)[1]
+def _with_block(text: str, block: str, begin: str, end: str, where: str) -> str:
+    if begin not in text or end not in text:
+        raise SystemExit(f"error: {where} has no `{begin}` ... `{end}` block")
+    head, rest = text.split(begin, 1)
+    return head + block + rest.split(end, 1)[1]
+
+
+def _show(p: Path) -> str:
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
 def main(argv=None) -> None:
@@ -152,20 +204,22 @@ def main(argv=None) -> None:
     ap.add_argument("--records", type=Path, default=RECORDS)
     args = ap.parse_args(argv)
     try:
-        recs = load_records(args.records)
+        recs, pairs = load_records(args.records), load_records(args.records, "vllm-pair")
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-    pages = {RESULTS: results_page(recs), README: _readme_with(README.read_text(), readme_block(recs))}
+    pages = {RESULTS: results_page(recs),
+             README: _with_block(README.read_text(), readme_block(recs), BEGIN, END, "README.md"),
+             SCALING: _with_block(SCALING.read_text(), vllm_block(pairs), VLLM_BEGIN, VLLM_END, "docs/scaling.md")}
     stale = [p for p, text in pages.items() if not p.exists() or p.read_text() != text]
     if args.check:
         if stale:
-            raise SystemExit("error: " + ", ".join(str(p.relative_to(ROOT)) for p in stale) +
+            raise SystemExit("error: " + ", ".join(_show(p) for p in stale) +
                              " differ from what the records give: run `switchsd report`")
-        print(f"report: {len(recs)} record(s); pages match")
+        print(f"report: {len(recs) + len(pairs)} record(s); pages match")
         return
     for p in stale:
         p.write_text(pages[p])
-    print(f"report: {len(recs)} record(s); wrote {', '.join(str(p.relative_to(ROOT)) for p in stale) or 'nothing'}",
+    print(f"report: {len(recs) + len(pairs)} record(s); wrote {', '.join(_show(p) for p in stale) or 'nothing'}",
           file=sys.stderr)
 
 

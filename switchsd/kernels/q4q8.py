@@ -64,7 +64,11 @@ def _apply(lin, matmul, x: torch.Tensor) -> torch.Tensor:
     if x.shape[-1] != lin.in_features:
         raise ValueError(f"expected [..., {lin.in_features}], got {tuple(x.shape)}")
     rows = x.numel() // lin.in_features
-    x2 = x.reshape(rows, lin.in_features).float().contiguous()
+    if rows == 0:
+        raise ValueError(f"no rows to multiply: got {tuple(x.shape)}")
+    x2 = x.reshape(rows, lin.in_features).float().contiguous()     # a strided view is copied, not misread
+    if not torch.isfinite(x2).all():        # a NaN has no 8-bit block: it would come back as arbitrary numbers
+        raise ValueError("the activations hold NaN or inf")
     y = torch.empty(rows, lin.out_features, dtype=torch.float32)
     if matmul(lin.packed.data_ptr(), x2.data_ptr(), rows, lin.out_features, lin.in_features, y.data_ptr(),
               lin.path) < 0:

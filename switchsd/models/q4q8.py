@@ -243,6 +243,16 @@ class Q4Q8Llama:
             raise MemoryError("q4q8 forward: out of memory")
         return x, captured
 
+    def check_ids(self, ids: torch.Tensor) -> None:
+        """Token ids the C forward can read: integers, at least one row, each in [0, vocab)."""
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise ValueError(f"token ids must be integers, got {ids.dtype}")
+        if ids.numel() == 0:
+            raise ValueError("no token ids to run: a forward needs at least one row")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.vocab:
+            raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary (0..{self.vocab - 1})")
+
     def head_logits(self, x: torch.Tensor) -> torch.Tensor:
         """x [R, d] (last layer's output) -> logits [R, V]: the final norm and the head, in C."""
         x = x.contiguous()
@@ -261,6 +271,7 @@ class Q4Q8Llama:
         """ids [1, T] after the cache's `len` positions; mask None (causal) or [1, 1, T, len + T] (additive or bool).
         Returns logits [R, V] for the first `logit_rows` rows (None: all; -1: the last) and {site: [1, T, d]}."""
         T, start = ids.shape[1], len(cache)
+        self.check_ids(ids)
         if T > CHUNK and mask is None and position_ids is None:     # long prefills in causal chunks: the same rows
             return self._chunked(ids, cache, sites, logit_rows)      # (each row computed alone), bounded scratch
         end = start + T
@@ -281,6 +292,7 @@ class Q4Q8Llama:
         """`serve.batched.batched_forward` in this format: ids, pos [b, T] for slots first_slot.., each after its
         own len; mask [b, 1, T, S] or None (causal, equal lens). Every row computed alone, as in `forward`."""
         b, T = ids.shape
+        self.check_ids(ids)
         lens = torch.tensor(cache.lens[first_slot:first_slot + b])
         S = int(lens.max()) + T
         cache.reserve(S)

@@ -9,7 +9,7 @@ in every format). TorchScript does not fuse on CPU (its fuser is off there by de
 no op changes its arithmetic.
 
 TorchScript is deprecated upstream in favour of `torch.compile`, which measured slower here
-(`scripts/dev/compile_step.py`: 0.36-0.71x eager on this step). `ScriptedStep.make` returns None where scripting
+(torch.compile measured 0.36-0.71x eager on this step). `ScriptedStep.make` returns None where scripting
 fails, and the Python loop runs; `SWITCHSD_SCRIPTED=0` turns it off.
 """
 from __future__ import annotations

@@ -58,8 +58,11 @@ class GateError(ValueError):
     pass
 
 
-def load_gate_probe(path: str, hidden_size: int, num_layers: int):
-    """The probe at `path`, refused with one line unless it fits a target of this shape."""
+def load_gate_probe(path: str, hidden_size: int, num_layers: int, hf_config=None):
+    """The probe at `path`, refused with one line unless it fits a target of this shape (and, with the served
+    model's `hf_config`, of this model: `Probe.check`, as the engine checks it)."""
+    from types import SimpleNamespace
+
     from switchsd.core.probe import ProbeError, load_probe
     try:
         probe = load_probe(path)
@@ -68,6 +71,11 @@ def load_gate_probe(path: str, hidden_size: int, num_layers: int):
     if probe.weight.numel() != hidden_size or not 0 <= probe.layer < num_layers:
         raise GateError(f"{path}: probe for hidden size {probe.weight.numel()} at layer {probe.layer}; the served "
                         f"model has hidden size {hidden_size} and {num_layers} layers")
+    if hf_config is not None:
+        try:
+            probe.check(SimpleNamespace(config=hf_config))
+        except ProbeError as e:
+            raise GateError(f"{path}: {e}") from None
     return probe
 
 
@@ -281,6 +289,26 @@ def log(counts: dict) -> None:
         100 * counts["gate_s"] / counts["period_s"] if counts["period_s"] else 0.0)     # 0: nothing timed (a replay)
 
 
+def check_setup(vllm_config, probe_path: str):
+    """The probe, once the server's configuration is one the gate can run in; else a GateError saying what to
+    change (each refusal tested with a stand-in configuration: tests/test_vllm_plugin.py)."""
+    spec = vllm_config.speculative_config
+    if spec.method != "eagle3":
+        raise GateError(f"the SwitchSD gate wraps EAGLE-3; this server drafts with {spec.method!r}")
+    if getattr(spec, "draft_sample_method", "greedy") != "greedy":
+        raise GateError("the SwitchSD gate writes point-mass copy drafts: it needs EAGLE-3's greedy drafting")
+    if getattr(spec, "disable_padded_drafter_batch", False):
+        raise GateError("the SwitchSD gate reads the probe at the target forward's own rows: it needs vLLM's "
+                        "padded drafter batch (drop disable_padded_drafter_batch)")
+    hf = vllm_config.model_config.hf_config
+    probe = load_gate_probe(probe_path, int(hf.hidden_size), int(hf.num_hidden_layers), hf)
+    if probe.sublayer == "attn" and not getattr(vllm_config.model_config, "enforce_eager", True):
+        raise GateError(f"{probe_path}: an 'attn' probe reads layer {probe.layer} through a forward hook, which "
+                        f"vLLM's compiled graphs do not run: serve with --enforce-eager, or use a probe on a "
+                        f"layer EAGLE-3 captures ('mlp')")
+    return probe
+
+
 def install(probe_path: str) -> None:
     """Wrap vLLM's EagleProposer (load_model, propose) with the gate. Idempotent."""
     from vllm.v1.spec_decode.eagle import EagleProposer
@@ -294,20 +322,7 @@ def install(probe_path: str) -> None:
 
     def gated_load_model(self, target_model, *args, **kwargs):
         load_model(self, target_model, *args, **kwargs)
-        spec = self.vllm_config.speculative_config
-        if spec.method != "eagle3":
-            raise GateError(f"the SwitchSD gate wraps EAGLE-3; this server drafts with {spec.method!r}")
-        if getattr(spec, "draft_sample_method", "greedy") != "greedy":
-            raise GateError("the SwitchSD gate writes point-mass copy drafts: it needs EAGLE-3's greedy drafting")
-        if getattr(spec, "disable_padded_drafter_batch", False):
-            raise GateError("the SwitchSD gate reads the probe at the target forward's own rows: it needs vLLM's "
-                            "padded drafter batch (drop disable_padded_drafter_batch)")
-        hf = self.vllm_config.model_config.hf_config
-        probe = load_gate_probe(probe_path, int(hf.hidden_size), int(hf.num_hidden_layers))
-        if probe.sublayer == "attn" and not getattr(self.vllm_config.model_config, "enforce_eager", True):
-            raise GateError(f"{probe_path}: an 'attn' probe reads layer {probe.layer} through a forward hook, which "
-                            f"vLLM's compiled graphs do not run: serve with --enforce-eager, or use a probe on a "
-                            f"layer EAGLE-3 captures ('mlp')")
+        probe = check_setup(self.vllm_config, probe_path)
         self._switchsd_gate = Gate(probe, target_model, self.vllm_config.scheduler_config.max_num_batched_tokens,
                                    env("SWITCHSD_KAPPA") or KAPPA, env("SWITCHSD_NEURAL_K"),
                                    env("SWITCHSD_NEURAL_MAX_BATCH"), env("SWITCHSD_RULE"), env("SWITCHSD_BACKOFF"),

@@ -8,7 +8,7 @@ documented example); suffix decoding vLLM's own default (num_speculative_tokens 
 needs arctic-inference); eagle3 k 3 with the shipped head; copy (SwitchSD's copy drafter, every chain drafted
 whole) k 5; switchsd (EAGLE-3's proposer behind the gate, which cuts each copy chain to the length that pays; the
 server also needs SWITCHSD_VLLM_GATE=PROBE) chains of up to 24, suffix decoding's depth (each at most twice as long
-as the context it matched: docs/bench/vllm/pairs.md), EAGLE-3 SWITCHSD_NEURAL_K = 3. A K given sets
+as the context it matched), EAGLE-3 SWITCHSD_NEURAL_K = 3. A K given sets
 suffix's, copy's and switchsd's draft cap. Imports nothing.
 """
 from __future__ import annotations
