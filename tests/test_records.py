@@ -144,3 +144,19 @@ def test_the_real_server_decodes_the_offline_model_greedily(real_lm):
         first = int(real_lm.model(torch.tensor([ids])).logits[0, -1].argmax())
     assert g.token_ids[0] == first and 0 < len(g.token_ids) <= 12
     assert json.dumps(g.stats)
+
+
+def test_a_vllm_pair_record_becomes_its_table(tmp_path):
+    from switchsd.vllm.pair import write_pair_record
+    rows = [{"suffix": {"s": 2.0, "tokens": 100, "text": "a"}, "switchsd": {"s": 1.0, "tokens": 100, "text": "a"}},
+            {"suffix": {"s": 1.0, "tokens": 50, "text": "b"}, "switchsd": {"s": 1.0, "tokens": 50, "text": "c"}}]
+    result = {"methods": ["suffix", "switchsd"], "max_new": 128, "k": None,
+              "sets": {"humaneval": {"requests": rows}}, "counts": None}
+    path = tmp_path / "vllm-pair.json.gz"
+    write_pair_record(path, result, {"sha": "abc", "dirty": False}, "switchsd vllm pair --sets humaneval:2")
+    rec = records.read_record(path)
+    assert rec["kind"] == "vllm-pair" and rec["machine"]["cores"] == os.cpu_count()
+    block = report.vllm_block([(path.name, rec)])
+    # suffix: 150 tokens in 3 s = 50 tok/s; switchsd: 150 in 2 s = 75 tok/s; 1.5x; one text of two the same
+    assert "| HumanEval 2 | 50.0 | 75.0 | 1.500x (" in block and "| 1/2 |" in block
+    assert block.startswith(report.VLLM_BEGIN) and block.endswith(report.VLLM_END)

