@@ -43,6 +43,13 @@ def _nonnegative_int(v: str) -> int:
     return x
 
 
+def _nonnegative_float(v: str) -> float:
+    x = float(v)
+    if not 0 <= x < float("inf"):
+        raise ValueError("expected a number >= 0")
+    return x
+
+
 VARS: dict[str, Env] = {e.name: e for e in (
     # the library
     Env("SWITCHSD_CACHE", str, None, "the cache folder (default ~/.cache/switchsd): the de-quantised model, calibrations, "
@@ -76,10 +83,10 @@ VARS: dict[str, Env] = {e.name: e for e in (
     Env("SWITCHSD_PLOT_REFRESH_S", _positive(float), 0.5, "seconds between live-plot refreshes", "studio"),
     Env("SWITCHSD_FULL_REFRESH_S", _positive(float), 3.0, "seconds between whole-view refreshes through Gradio",
         "studio"),
-    Env("SWITCHSD_FIRST_FRAME_S", _positive(float), 1.0, "the first frame's deadline, seconds", "studio"),
-    Env("SWITCHSD_SETTLE_S", _positive(float), 0.15, "seconds a generation's last frame waits for the view",
+    Env("SWITCHSD_FIRST_FRAME_S", _nonnegative_float, 1.0, "the first frame's deadline, seconds", "studio"),
+    Env("SWITCHSD_SETTLE_S", _nonnegative_float, 0.15, "seconds a generation's last frame waits for the view",
         "studio"),
-    Env("SWITCHSD_RACE_SETTLE_S", _positive(float), 0.3, "seconds the race lets the machine settle before a round",
+    Env("SWITCHSD_RACE_SETTLE_S", _nonnegative_float, 0.3, "seconds the race lets the machine settle before a round",
         "studio"),
     Env("SWITCHSD_SCREENSHOTS", str, None, "the browser test writes the README's screenshots and GIF here",
         "tests"),

@@ -48,6 +48,9 @@ def shot(page, name: str) -> None:
     page.screenshot(path=str(out / f"{name}.png"), full_page=True)
 
 
+GIF_CLIP = {"x": 0, "y": 280, "width": 1400, "height": 720}     # prompt, status, tokens and the first plots
+
+
 def gif(frames: list[bytes], name: str, width: int = 900) -> None:
     """PNG screenshots -> an animated GIF beside the screenshots (the last frame held)."""
     import io
@@ -77,11 +80,11 @@ def test_generate_copy_heavy_preset(page):
     # float32 (the exact-identity switch): slower than the bfloat16 default, so live frames arrive mid-run
     page.locator('#precision input[value="float32"]').check()
     page.locator("#run").click()
-    frames = []                  # the README's GIF: the page while the run streams, then its end
+    frames = []                  # the README's GIF: the prompt, the tokens as they stream, the live plots
     t0 = time.time()
-    while time.time() - t0 < 120 and "tok/s" not in page.locator("#status").inner_text():
-        frames.append(page.screenshot(clip={"x": 0, "y": 0, "width": 1400, "height": 1000}))
-        time.sleep(0.2)
+    while time.time() - t0 < 120 and "Done" not in page.locator("#status").inner_text():
+        frames.append(page.screenshot(clip=GIF_CLIP))
+        time.sleep(0.1)
     page.wait_for_selector('#tokens .tok[data-path="copy"]', timeout=120_000)
     page.wait_for_function("document.querySelector('#status').innerText.includes('tok/s')", timeout=120_000)
     for pid in ("plot-accept", "plot-copy-rate", "plot-toks"):     # the final figures, with this run's points
@@ -98,7 +101,7 @@ def test_generate_copy_heavy_preset(page):
     assert first.get_attribute("data-step") is not None and first.get_attribute("data-path") is not None
     page.locator('#tokens .tok[data-path="copy"]').first.hover()
     shot(page, "generate")
-    frames.append(page.screenshot(clip={"x": 0, "y": 0, "width": 1400, "height": 1000}))
+    frames.append(page.screenshot(clip=GIF_CLIP))
     gif(frames, "generate")
 
 
