@@ -67,6 +67,18 @@ def decode_utf8(data: bytes, what: str = "standard input") -> str:
         raise ValueError(f"{what} is not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start}") from None
 
 
+def stop_process(proc, timeout: float = 10.0) -> None:
+    """Terminate a child process (a server), killing it if it does not end within `timeout` seconds."""
+    import subprocess
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def _tmp(path: Path) -> Path:
     return path.with_name(f"{path.name}.tmp{os.getpid()}")
 

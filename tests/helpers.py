@@ -109,6 +109,12 @@ def run_method(model, method: str, prompt: Sequence[int], **kw):
     return method_engine(model, method, **kw).run(prompt)
 
 
+def drafted_accepted(gen) -> tuple[int, int]:
+    """(draft tokens verified, draft tokens accepted) of one generation: an equality with vanilla proves
+    something only where both are > 0."""
+    return sum(e.n_verified - 1 for e in gen.events), sum(len(e.accepted) for e in gen.events)
+
+
 def check_event_stream(gen, prompt_len: int, budget: int) -> None:
     """Invariants every event stream must satisfy (independent of the method)."""
     pos = prompt_len

@@ -7,7 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import STANDALONE_METHODS, make_tiny_model, method_engine, random_prompt, repetitive_prompt
+from helpers import (
+    STANDALONE_METHODS,
+    drafted_accepted,
+    make_tiny_model,
+    method_engine,
+    random_prompt,
+    repetitive_prompt,
+)
 
 from switchsd.models import int4
 from switchsd.models.int4 import GROUP, Int4Linear, q4_groups, quantize_to_int4
@@ -110,8 +117,8 @@ def test_tiny_int4_model_every_method_equals_its_own_vanilla(method):
         ref = method_engine(model, "vanilla", max_new_tokens=24).run(prompt).token_ids
         gen = method_engine(model, method, max_new_tokens=24).run(prompt)
         assert gen.token_ids == ref, f"{method} parts from vanilla on prompt {seed}"
-        drafted += sum(e.n_verified - 1 for e in gen.events)
-        accepted += sum(len(e.accepted) for e in gen.events)
+        d, a = drafted_accepted(gen)
+        drafted, accepted = drafted + d, accepted + a
     if method != "vanilla":          # an equality with nothing drafted would prove nothing
         assert drafted > 0 and accepted > 0, (method, drafted, accepted)
 
@@ -150,8 +157,7 @@ def test_real_model_int4_is_the_gguf_and_decodes_like_its_own_vanilla(real_lm):
         assert gen.token_ids == ref, method
         if method in ("switchsd", "eagle3"):
             continue           # their cost gates may keep every step plain in this format: that is their job
-        drafted = sum(p.get("drafted", 0) for p in gen.stats["paths"].values())
-        accepted = sum(p["accepted"] for p in gen.stats["paths"].values())
+        drafted, accepted = drafted_accepted(gen)
         assert drafted > 0 and accepted > 0, (method, gen.stats["paths"])    # fixed gates draft: a real check
 
 

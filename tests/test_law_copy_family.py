@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 import torch
 from helpers import chisq_pvalue, greedy_reference, method_engine, repetitive_prompt
+from test_sampling import make_flawed
 
 from switchsd.core import engine as engine_mod
 from switchsd.core.cache import KVCache
@@ -80,24 +81,6 @@ def _no_rollback(self, prefix_len, rows) -> None:
     """Planted bug: the verify forward's rows all stay in the cache, rejected ones included."""
 
 
-def _no_residual(tree, probs_at, generator):
-    """Planted bug: accept_sampling, except that a rejected draft token keeps its mass in the law the next
-    sibling and the bonus token are drawn from."""
-    row, accepted = 0, []
-    while True:
-        p = probs_at(row).clone()
-        moved = False
-        for child in tree.children[row]:
-            x, q = tree.tokens[child], tree.q[child]
-            ratio = p[x] if q is None else torch.clamp(p[x] / q[x], max=1.0)
-            if torch.rand((), generator=generator, device=p.device, dtype=p.dtype) < ratio:
-                accepted.append(child)
-                row, moved = child, True
-                break
-        if not moved:
-            return accepted, int(torch.multinomial(p, 1, generator=generator).item())
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_the_copy_family_samples_the_target_law(setup, method):
@@ -116,6 +99,6 @@ def test_the_law_test_rejects_a_planted_bug(setup, method, bug, monkeypatch):
         monkeypatch.setattr(KVCache, "keep", _no_rollback)
         monkeypatch.setattr(StaticKVCache, "keep", _no_rollback)
     else:
-        monkeypatch.setattr(engine_mod, "accept_sampling", _no_residual)
+        monkeypatch.setattr(engine_mod, "accept_sampling", make_flawed("resample_from_p"))
     triples, _, _ = _runs(model, prompt, method)
     assert min(_pvalues(triples, law)) < REJECT, _pvalues(triples, law)

@@ -83,7 +83,8 @@ def rule_accept_always(tree, probs_at, gen):
 def make_flawed(flaw: str):
     """accept_sampling with one mistake: 'no_renormalise' (residual left unnormalised, so later siblings are
     accepted too rarely), 'swap_pq' (ratio q/p and residual max(q - p, 0): p and q confused),
-    'resample_from_p' (on rejection of a sampled draft the bonus comes from p, not max(p - q, 0))."""
+    'resample_from_p' (on rejection the bonus comes from p, the rejected draft's mass left in: max(p - q, 0) for a
+    sampled draft, p with the token zeroed for a point mass)."""
     def rule(tree, probs_at, gen):
         row, accepted = 0, []
         while True:
@@ -100,7 +101,8 @@ def make_flawed(flaw: str):
                     row, moved = child, True
                     break
                 if q is None:
-                    p[x] = 0.0
+                    if flaw != "resample_from_p":
+                        p[x] = 0.0
                 elif flaw == "swap_pq":
                     p = torch.clamp(q - p, min=0.0)
                 elif flaw != "resample_from_p":

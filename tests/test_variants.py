@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import greedy_reference, make_tiny_model
+from helpers import drafted_accepted, greedy_reference, make_tiny_model
 
 from switchsd.core.config import EngineConfig
 from switchsd.core.probe import Probe
@@ -48,6 +48,5 @@ def test_every_switchsd_variant_by_name_equals_greedy_and_drafts(setup, method):
     res = build_engine(method, lm, drafters, EngineConfig(max_new_tokens=30, budget=16, stop_at_eos=False),
                        cost=None).run(ids)
     assert res.token_ids == want, method
-    drafted = sum(e.n_verified - 1 for e in res.events)
-    accepted = sum(len(e.accepted) for e in res.events)
+    drafted, accepted = drafted_accepted(res)
     assert drafted > 0 and accepted > 0, (method, drafted, accepted)

@@ -34,6 +34,7 @@ import torch
 
 from ..core.config import EngineConfig
 from ..core.engine import Generation
+from ..io import stop_process
 from ..models.loading import cache_dir
 
 SERVER_PEERS = ("llama-cpp", "llama-cpp-ngram", "llama-cpp-eagle3", "llama-cpp-hybrid")
@@ -81,7 +82,8 @@ def amx_note() -> str | None:
         return None
     text = f.read_text().strip().splitlines()
     active = build_dir().resolve().name
-    return (f"AMX build {'in use' if active == 'build-amx' else 'not used'}: {text[-1] if text else 'no output'}")
+    said = text[-1].split(": /", 1)[0] if text else "no output"          # the command's paths are this machine's
+    return f"AMX build {'in use' if active == 'build-amx' else 'not used'}: {said}"
 
 
 def _free_port() -> int:
@@ -183,13 +185,7 @@ class LlamaServer:
         return out, wall
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         if self.log is not subprocess.DEVNULL and not self.log.closed:
             self.log.close()
 

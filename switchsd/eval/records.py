@@ -154,8 +154,9 @@ def write_record(path: Path, *, meta: dict, methods: list[str], records: dict[st
         "commit": meta.get("commit") or commit(), "model": meta["model"], "format": meta["dtype"], "device": meta["device"],
         "files": {"head": file_hash(meta.get("head_path")), "probe": file_hash(meta.get("probe_path")),
                   "head_gguf": file_hash(meta.get("head_gguf"))},
-        "settings": {k: meta[k] for k in ("n_prompts", "chat", "budget", "budget_source", "engine", "copy",
-                                          "max_new_tokens") if k in meta},
+        "settings": {**{k: meta[k] for k in ("n_prompts", "chat", "budget", "engine", "copy", "max_new_tokens")
+                        if k in meta},
+                     "budget_source": Path(str(meta.get("budget_source", ""))).name},   # no path of this machine
         "methods": methods,
         "runs": {m: [{**r, "text": texts.get(m, {}).get(r["id"], "")} for r in records[m]] for m in methods},
         "mismatches": mismatches,

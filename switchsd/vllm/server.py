@@ -14,6 +14,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from switchsd.io import stop_process
+
 from .methods import PROBE, SERVE_FLAGS, speculative_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,13 +84,7 @@ class VllmServer:
         raise RuntimeError(f"the {self.method} server did not start in {timeout:.0f} s ({self.log})")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, timeout=60)
         self._out.close()
 
 
