@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup browser compiler run lint test test-fast calibrate screenshots vllm vllm-serve llama-cpp bench-records report device-check eagle3-device-pack eagle3-device clean
+.PHONY: setup browser compiler run lint test test-fast calibrate screenshots vllm vllm-serve llama-cpp bench-records bench-files bench-kv bench-shapes report device-check eagle3-device-pack eagle3-device clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -62,6 +62,38 @@ bench-records: setup llama-cpp   ## measure the results pages' figures on this m
 	@for spec in $(RECORD_SETS); do ds=$${spec%%:*}; n=$${spec##*:}; \
 	  $(BIN)/python -m switchsd bench --dataset $$ds --limit $$n --max-new-tokens 128 --methods $(RECORD_METHODS) \
 	    --out runs/records/$$ds --record docs/records/$$ds.json.gz || exit 1; done
+	$(BIN)/python -m switchsd report
+
+# The offline model as the GGUF files users download (llama.cpp's converter and quantiser), each file beside
+# llama.cpp's own server on it: records in docs/records/files/MACHINE/ (one folder per CPU: intel-xeon-amx,
+# amd-epyc-avx512, ...), then the pages.
+MACHINE = $$($(BIN)/python -c "from switchsd.eval.records import machine, machine_tag; print(machine_tag(machine()))")
+FILE_TYPES ?= Q4_K_M:40:20 Q5_K_M:40:20 Q6_K:40:20 Q8_0:40:20 f16:40:20
+FILE_METHODS ?= llama-cpp,vanilla,pld,eagle3,switchsd
+bench-files: setup llama-cpp   ## the GGUF-files table: each file calibrated, then its methods beside llama.cpp (about 45 minutes)
+	@for spec in $(FILE_TYPES); do t=$${spec%%:*}; rest=$${spec#*:}; he=$${rest%%:*}; mt=$${rest##*:}; \
+	  f=$$($(BIN)/python -m switchsd.eval.ggufs --types $$t | cut -f2) || exit 1; \
+	  $(BIN)/python -m switchsd calibrate --model $$f --dtype q4q8 > /dev/null || exit 1; \
+	  for set in humaneval:$$he mtbench:$$mt; do ds=$${set%%:*}; n=$${set##*:}; \
+	    $(BIN)/python -m switchsd bench --model $$f --dataset $$ds --limit $$n --max-new-tokens 128 \
+	      --methods $(FILE_METHODS) --out runs/files/$$t-$$ds --record docs/records/files/$(MACHINE)/$$t-$$ds.json.gz || exit 1; \
+	  done; done
+	$(MAKE) --no-print-directory bench-kv
+
+# llama.cpp with a float32 key/value cache beside its default float16 one, on the shipped file: which arithmetic
+# parts its text from this project's
+bench-kv: setup llama-cpp
+	$(BIN)/python -m switchsd bench --dataset humaneval --limit 20 --max-new-tokens 128 \
+	  --methods llama-cpp,llama-cpp-f32kv,vanilla --out runs/files/kv-humaneval \
+	  --record docs/records/files/$(MACHINE)/kv-humaneval.json.gz
+	$(BIN)/python -m switchsd report
+
+# Real-size shapes with random weights (Llama-3.2-1B, Qwen3-1.7B as Q4_K_M): the verify cost curve of this
+# project's forward and llama.cpp's (llama-bench), records in docs/records/files/MACHINE/, then the pages.
+SHAPES ?= llama-3.2-1b qwen3-1.7b qwen3-4b
+bench-shapes: setup llama-cpp   ## the real-size table (about 15 minutes; making the synthetic files the first time: about 20 more)
+	@for s in $(SHAPES); do $(BIN)/python -m switchsd.eval.curve --shape $$s \
+	  --record docs/records/files/$(MACHINE)/curve-$$s.json.gz || exit 1; done
 	$(BIN)/python -m switchsd report
 
 report: setup         ## rebuild docs/results.md and the README's results block from docs/records

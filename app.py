@@ -18,7 +18,8 @@ MAX_UPLOAD = "1mb"          # uploads are probe files (the shipped one is ~10 KB
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", default=None, help="HF id or local folder (default: offline SmolLM2-135M-Instruct)")
+    ap.add_argument("--model", default=None, help="a .gguf file, a local folder or an HF id (default: the offline "
+                    "SmolLM2-135M-Instruct)")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--device", default=None)
     ap.add_argument("--eagle", default="auto", help="EAGLE3 head folder or HF id (auto: the shipped head)")
@@ -26,6 +27,8 @@ def main(argv=None) -> None:
     ap.add_argument("--probe", default="auto", help="copy-intent probe (.safetensors; auto: the shipped one)")
     ap.add_argument("--forward", choices=FORWARDS, default="auto",
                     help="the target's forward: auto (lean where supported), lean, hf (transformers' own)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="CPU threads for the model's forwards and the Probe lab's training (default: one per core)")
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default: localhost only)")
     ap.add_argument("--port", type=int, default=7860)
     ap.add_argument("--share", action="store_true",
@@ -38,6 +41,11 @@ def main(argv=None) -> None:
         if not sep or not user or not password:
             ap.error("--auth takes USER:PASS")
         auth = (user, password)
+    if args.threads is not None:
+        if args.threads < 1:
+            ap.error("--threads takes a positive number")
+        import torch
+        torch.set_num_threads(args.threads)
     demo = build_demo(Resources(model_name=args.model, dtype=args.dtype, device=args.device, eagle=args.eagle,
                                 draft=args.draft, probe=args.probe, forward=args.forward))
     # every run goes through the device queue (no direct REST route past it), which holds at most

@@ -11,9 +11,9 @@ from pathlib import Path
 from switchsd.core.config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, SamplingConfig
 from switchsd.core.engine import Engine
 from switchsd.core.probe import Probe, ProbeError, load_probe
-from switchsd.factory import DEFAULT_HEADS, DEFAULT_PROBES, Drafters, SetupError, build_engine
+from switchsd.factory import DEFAULT_HEADS, DEFAULT_PROBES, Drafters, SetupError, build_engine, shipped_for
 from switchsd.models.calibrate import load_budget
-from switchsd.models.loading import DEFAULT_MODEL, LoadedModel, auto_device, gguf_model, load_model
+from switchsd.models.loading import DEFAULT_MODEL, LoadedModel, auto_device, gguf_model, gguf_path, load_model
 
 from .worker import TorchThread
 
@@ -46,6 +46,7 @@ class Resources:
     _drafters: dict = field(default_factory=dict)
     _vanilla: OrderedDict = field(default_factory=OrderedDict)   # greedy vanilla runs, for speedups / badges
     _probes: dict = field(default_factory=dict)
+    _trained: dict = field(default_factory=dict)     # probes trained in the Probe lab: name -> path
     worker: TorchThread = field(default_factory=TorchThread)   # every torch computation runs on this thread
 
     @property
@@ -73,31 +74,43 @@ class Resources:
         build, int4 where torch has its int4 kernel."""
         from switchsd.kernels.build import available
         from switchsd.models import int4
+        from switchsd.models.loading import ModelLoadError, readable_formats
         if not gguf_model(self.model_name) or (self.device or auto_device()) != "cpu":
             return []
-        return (["q4q8"] if available("llama") else []) + (["int4"] if int4.available() else [])
+        try:
+            reads = readable_formats(gguf_path(self.model_name))
+        except ModelLoadError:
+            return []
+        return (["q4q8"] if available("llama") and "q4q8" in reads else []) + \
+            (["int4"] if int4.available() and "int4" in reads else [])
+
+    def _shipped(self, kind: str):
+        """The shipped probe / head: by fingerprint once the model is loaded, by name before."""
+        if self._lms:
+            return shipped_for(next(iter(self._lms.values())), kind)
+        path = (DEFAULT_HEADS if kind == "eagle3" else DEFAULT_PROBES).get(self.model_name or DEFAULT_MODEL)
+        return path if path is not None and path.exists() else None
 
     def default_method(self) -> str:
         """switchsd when its probe and EAGLE3 head are at hand for the default setup, else the copy path."""
-        name = self.model_name or DEFAULT_MODEL
-        head = self.eagle != "auto" or (DEFAULT_HEADS.get(name) is not None and DEFAULT_HEADS[name].exists())
-        probe = self.probe != "auto" or (DEFAULT_PROBES.get(name) is not None and DEFAULT_PROBES[name].exists())
+        head = self.eagle != "auto" or self._shipped("eagle3") is not None
+        probe = self.probe != "auto" or self._shipped("probe") is not None
         return "switchsd" if head and probe else "copy"
 
     def status(self) -> str:
         """The header line: model, device, the formats loaded, and the probe and EAGLE-3 head in use (or that
         will be, on first use)."""
         name = self.model_name or DEFAULT_MODEL
-        probe = _short(self.probe if self.probe != "auto" else DEFAULT_PROBES.get(name))
-        head = _short(self.eagle if self.eagle != "auto" else DEFAULT_HEADS.get(name))
+        probe = _short(self.probe if self.probe != "auto" else self._shipped("probe"))
+        head = _short(self.eagle if self.eagle != "auto" else self._shipped("eagle3"))
         loaded = {k for d in self._drafters.values() for k in d._loaded}
         parts = [f"probe {probe}" + ("" if "probe" in loaded or probe == "none" else " (loads on first use)"),
                  f"EAGLE-3 head {head}" + ("" if "head" in loaded or head == "none" else " (loads on first use)")]
         if not self._lms:
-            return f"**{name}** · not loaded yet (loads on the first run) · " + " · ".join(parts)
+            return f"**{_short(name)}** · not loaded yet (loads on the first run) · " + " · ".join(parts)
         lm = next(iter(self._lms.values()))
         dts = ", ".join(sorted(m.precision for m in self._lms.values()))
-        return f"**{lm.name}** · {lm.device} · format {dts} · " + " · ".join(parts)
+        return f"**{_short(lm.name)}** · {lm.device} · format {dts} · " + " · ".join(parts)
 
     def drafters(self, lm: LoadedModel) -> Drafters:
         """The drafters' weights load once per model copy (first use)."""
@@ -143,7 +156,16 @@ class Resources:
 
     # -- probes ---------------------------------------------------------------------------------------------
     def shipped_probes(self) -> list[str]:
-        return sorted(str(p.relative_to(PROBE_DIR.parent)) for p in PROBE_DIR.glob("*.safetensors"))
+        """The lab's choices: the shipped probes, then those trained here."""
+        return sorted(str(p.relative_to(PROBE_DIR.parent)) for p in PROBE_DIR.glob("*.safetensors")) + \
+            list(self._trained)
+
+    def add_trained(self, name: str, path: Path, probe: Probe) -> None:
+        """A probe trained in the lab: one of the lab's choices, and the probe of the next Generate run."""
+        self._trained[name] = path
+        self._probes[name] = probe
+        self.probe = str(path)
+        self._drafters.clear()                      # the next run builds its drafters with the new probe
 
     def load_probe(self, name: str) -> Probe:
         """A shipped probe, by the name the dropdown shows. Nothing else on the server is readable through
@@ -154,7 +176,7 @@ class Resources:
             raise UserError(f"unknown probe {str(name)[:80]!r}: choose one of the shipped probes or upload a "
                             ".safetensors probe")
         if name not in self._probes:
-            self._probes[name] = self._read_probe(PROBE_DIR.parent / name)
+            self._probes[name] = self._read_probe(self._trained.get(name) or PROBE_DIR.parent / name)
         return self._probes[name]
 
     def load_upload(self, path: str) -> Probe:

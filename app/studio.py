@@ -9,7 +9,7 @@ from switchsd.core.config import CopyConfig, EngineConfig, GateConfig, SamplingC
 from switchsd.core.rules import RULES
 from switchsd.methods import METHODS
 
-from . import handlers, plots, probelab, race, serving, verifylab
+from . import handlers, plots, probelab, probetrain, race, serving, verifylab
 from .guard import GUARD
 from .render import CSS
 from .resources import Resources, UserError
@@ -186,7 +186,7 @@ def race_tab(res: Resources, precision: gr.Radio, chat: gr.Checkbox, model_statu
     ev.then(lambda: res.status(), None, model_status, queue=False)
 
 
-def probe_lab_tab(res: Resources):
+def probe_lab_tab(res: Resources, model_status: gr.Markdown):
     with gr.Tab("Probe lab", id="tab-probe"):
         with gr.Row():
             with gr.Column(scale=2):
@@ -205,6 +205,9 @@ def probe_lab_tab(res: Resources):
         tau = gr.Slider(0.0, 1.0, value=0.5, step=0.01, label="threshold (re-colours instantly)", elem_id="lab-tau")
         view = gr.HTML(elem_id="lab-view")
         layers = gr.Plot(elem_id="plot-layers", show_label=False)
+        with gr.Row():
+            train = gr.Button("Train a probe for this model (bundled prompts, a few minutes)", elem_id="lab-train")
+            trained = gr.Markdown(elem_id="lab-trained")
         state = gr.State(None, time_to_live=STATE_TTL_S)
 
     def lab(a, b, up, text_, gen):
@@ -214,9 +217,19 @@ def probe_lab_tab(res: Resources):
         fig = plots.plot_value(plots.layer_plot(meta.get("per_layer", [])))
         return st, probelab.render(res, st, st["taus"][0]), fig, st["taus"][0]
 
-    return run.click(_ui_error(lab), [probe_a, probe_b, upload, text, generate], [state, view, layers, tau],
-              concurrency_limit=1, concurrency_id="device", api_name="probe_lab")
+    def train_new(progress=gr.Progress()):
+        name, meta = probetrain.train_probe(res, progress)
+        best = max(meta.get("per_layer", []), key=lambda r: r["f1"], default={})
+        note = (f"**{name}**: layer {best.get('layer')} {best.get('sublayer')}, validation AUC "
+                f"{best.get('auc', 0):.3f}, F1 {best.get('f1', 0):.3f}; the probe of the next Generate run.")
+        fig = plots.plot_value(plots.layer_plot(meta.get("per_layer", [])))
+        return gr.update(choices=res.shipped_probes(), value=name), fig, note, res.status()
+
+    train.click(_ui_error(train_new), None, [probe_a, layers, trained, model_status], concurrency_limit=1,
+                concurrency_id="device", api_name="train_probe")
     tau.release(_ui_error(lambda st, t: probelab.render(res, st, t)), [state, tau], view, queue=False)
+    return run.click(_ui_error(lab), [probe_a, probe_b, upload, text, generate], [state, view, layers, tau],
+                     concurrency_limit=1, concurrency_id="device", api_name="probe_lab")
 
 
 LAB_PROMPT = ("Tom has 7 apples. Tom gets 5 more apples, then gives away 3 apples. How many apples does Tom have "
@@ -319,7 +332,7 @@ def build_demo(res: Resources) -> gr.Blocks:
         model_status, precision = _header(res)
         chat, run_state, gen_ev, empty_plots, plot_outputs = generate_tab(res, precision, model_status)
         race_tab(res, precision, chat, model_status)
-        probe_ev = probe_lab_tab(res)
+        probe_ev = probe_lab_tab(res, model_status)
         inspector_tab(run_state, gen_ev)
         pareto, lab_ev = verification_lab_tab(res)
         serving_ev = serving_tab(res)

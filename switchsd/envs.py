@@ -62,6 +62,8 @@ VARS: dict[str, Env] = {e.name: e for e in (
         "library"),
     Env("SWITCHSD_CC", str, None, "the C compiler for the kernels (default: cc, gcc or clang on PATH)", "library"),
     Env("SWITCHSD_SCRIPTED", _flag, True, "0: run the lean CPU forward without its TorchScript step", "library"),
+    Env("SWITCHSD_QX_BYTES", _flag, False, "1: K-type GGUF codes as whole bytes (no unpacking: cheaper wide verify "
+        "rows, dearer one-row steps; for models that fit the cache)", "library"),
     # the vLLM plugin (switchsd/vllm)
     Env("SWITCHSD_VLLM_GATE", str, None, "a probe file: turns SwitchSD's gate on in front of vLLM's EAGLE-3",
         "vllm"),

@@ -19,6 +19,7 @@ import torch
 from .core.config import CopyConfig, EngineConfig, GateConfig, NeuralConfig, SMCConfig, TreeConfig
 from .core.costs import VerifyCost
 from .core.engine import Engine
+from .core.fingerprint import fingerprint
 from .core.probe import ProbeError, load_probe
 from .core.smc import SMCEngine, self_draft
 from .drafters.draft_model import DraftModelDrafter
@@ -29,10 +30,18 @@ from .methods import METHODS, NEEDS_NEURAL, NEEDS_PROBE, NEURAL_METHODS, build_p
 from .models.calibrate import device_cost
 from .models.forward import make_target, resolve_forward
 from .models.loading import DEFAULT_MODEL, LoadedModel, ModelLoadError, load_model
+from .models.shipped import shipped
 
 ROOT = Path(__file__).resolve().parents[1]
+# the offline model's shipped head and probe, by name (before a model is loaded); loaded models find theirs by
+# fingerprint (`shipped_for`): the same model from any GGUF file or folder
 DEFAULT_HEADS = {DEFAULT_MODEL: ROOT / "assets" / "eagle3-smollm2-135m"}
 DEFAULT_PROBES = {DEFAULT_MODEL: ROOT / "probes" / "smollm2-135m-instruct.safetensors"}
+
+
+def shipped_for(lm: LoadedModel, kind: str) -> Path | None:
+    """The shipped probe (`kind` "probe") or EAGLE-3 head ("eagle3") of the loaded model, found by its fingerprint."""
+    return shipped(kind, fingerprint(lm.model, lm.tokenizer))
 
 
 def make_engine(model, policy, cfg: EngineConfig = EngineConfig(), eos_ids=(), max_length: int | None = None,
@@ -55,19 +64,27 @@ class Drafters:
         self.lm, self.eagle, self.draft, self.probe_name = lm, eagle or "auto", draft, probe or "auto"
         self._loaded: dict = {}
 
-    def _shipped(self, name: str, defaults: dict, what: str, flag: str) -> str:
+    def _find(self, kind: str) -> Path | None:
+        """The shipped probe or head whose fingerprint is this model's (the same model in any file or format)."""
+        return shipped_for(self.lm, kind)
+
+    def _shipped(self, name: str, kind: str, what: str, flag: str) -> str:
         if name != "auto":
             return name
-        path = defaults.get(self.lm.name)
-        if path is None or not path.exists():
-            raise SetupError(f"no shipped {what} for {self.lm.name}; pass --{flag} FILE")
+        path = self._find(kind)
+        if path is None:
+            hint = ("train one: switchsd probe collect --model M, then switchsd probe train" if kind == "probe"
+                    else "train one: switchsd train-eagle3 --model M")
+            raise SetupError(f"no shipped {what} for {self.lm.name} (none carries its fingerprint); pass --{flag} "
+                             f"FILE or {hint}")
         return str(path)
 
     def available(self, kind: str) -> bool:
         if kind == "sps":
             return bool(self.draft)
-        default = DEFAULT_HEADS.get(self.lm.name)
-        return self.eagle != "auto" or (default is not None and default.exists())
+        if kind == "probe":
+            return self.probe_name != "auto" or self._find("probe") is not None
+        return self.eagle != "auto" or self._find("eagle3") is not None
 
     def _once(self, key: str, load, errors: tuple):
         """Load on first use; a loader's own error type becomes a SetupError with its message."""
@@ -81,7 +98,7 @@ class Drafters:
     @property
     def head(self):
         return self._once("head", lambda: load_eagle3(
-            self._shipped(self.eagle, DEFAULT_HEADS, "EAGLE3 head", "eagle"), self.lm.model), (Eagle3LoadError,))
+            self._shipped(self.eagle, "eagle3", "EAGLE3 head", "eagle"), self.lm.model), (Eagle3LoadError,))
 
     @property
     def draft_model(self):
@@ -93,7 +110,7 @@ class Drafters:
     @property
     def probe(self):
         return self._once("probe", lambda: load_probe(
-            self._shipped(self.probe_name, DEFAULT_PROBES, "probe", "probe"), self.lm.model), (ProbeError,))
+            self._shipped(self.probe_name, "probe", "probe", "probe"), self.lm.model), (ProbeError,))
 
     def make(self, kind: str, neural: NeuralConfig, sampling, seed: int = 0, cost_gate: bool = False):
         """A fresh drafter (own caches). Shape "auto": a gamma-long chain when the cost gate picks its length,

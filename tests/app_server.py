@@ -23,7 +23,10 @@ class AppServer:
         self.url = f"http://127.0.0.1:{self.port}/"
         self.log = open(ROOT / "tests" / "artifacts" / f"app-{self.port}.log", "w") if \
             (ROOT / "tests" / "artifacts").mkdir(parents=True, exist_ok=True) is None else None
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(self.port), *extra],
+        # one thread, as in the tests' own process (tests/conftest.py): on 2 cores beside the other pytest worker, a
+        # two-threaded studio thrashes (a 40 s race took over 420 s in CI)
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(self.port), "--threads", "1",
+                                      *extra],
                                      cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 120
         while time.time() < deadline:

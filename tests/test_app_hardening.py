@@ -340,6 +340,8 @@ def test_cli_refuses_non_finite_sampling_and_bad_auth():
     spec.loader.exec_module(mod)
     with pytest.raises(SystemExit):
         mod.main(["--auth", "no-colon"])
+    with pytest.raises(SystemExit):
+        mod.main(["--threads", "0"])
 
 
 def test_state_expires_and_probe_weight_moves_once(monkeypatch):
@@ -410,18 +412,20 @@ def test_the_global_queue_refuses_its_seventeenth_run(server):
 
     from app.guard import GUARD, QUEUE_MAX
     fn = Client(server.url, verbose=False)._infer_fn_index("/generate", None)
-    run = list(STORY)
-    run[3] = 64                          # each run seconds (the queue fills in a fraction of one), the drain minutes
+    short = list(STORY)
+    short[3] = 16                        # the waiting runs: a second each, so the queue drains soon after
 
-    def join(session: str) -> httpx.Response:
+    def join(session: str, data: list | tuple = short) -> httpx.Response:
         return httpx.post(server.url + "gradio_api/queue/join", timeout=30,
-                          json={"data": run, "fn_index": fn, "session_hash": session, "event_data": None,
+                          json={"data": list(data), "fn_index": fn, "session_hash": session, "event_data": None,
                                 "trigger_id": None})
 
     def waiting() -> int:
         return httpx.get(server.url + "gradio_api/queue/status", timeout=10).json()["queue_size"]
     sessions = [f"fill-{i}" for i in range(QUEUE_MAX // GUARD.per_session + 1)]
-    first = [join(s) for s in sessions for _ in range(GUARD.per_session)][:QUEUE_MAX + 1]   # 16 waiting + 1 running
+    # the run that starts first is the long story (tens of seconds): the queue stays full while the rest join
+    slots = [s for s in sessions for _ in range(GUARD.per_session)][:QUEUE_MAX + 1]      # 1 running + 16 waiting
+    first = [join(slots[0], STORY)] + [join(s) for s in slots[1:]]
     assert [r.status_code for r in first] == [200] * (QUEUE_MAX + 1), [r.text[:80] for r in first]
     assert waiting() >= QUEUE_MAX - 1
     refused = join("one-more")

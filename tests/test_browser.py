@@ -21,9 +21,18 @@ pytestmark = [pytest.mark.real, pytest.mark.browser,
 
 
 @pytest.fixture(scope="module")
-def page():
-    from app_server import AppServer
+def browser():
+    """One Chromium for the file (Playwright's sync API allows one running instance per thread)."""
     from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser):
+    from app_server import AppServer
     live = {"SWITCHSD_PLOT_REFRESH_S": "0.1", "SWITCHSD_REFRESH_S": "0.1",   # live frames even in a short run
             "SWITCHSD_FIRST_FRAME_S": "0"}
     os.environ.update(live)                                                   # (server env)
@@ -32,14 +41,19 @@ def page():
     finally:
         for k in live:
             del os.environ[k]
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+    yield from studio_page(browser, server)
+
+
+def studio_page(browser, server):
+    """A page of `browser` on the studio `server` once its Generate button is there; page and server closed after."""
+    try:
         pg = browser.new_page(viewport={"width": 1400, "height": 1000})
         pg.goto(server.url, wait_until="domcontentloaded", timeout=120_000)
         pg.wait_for_selector("#run", timeout=120_000)
         yield pg
-        browser.close()
-    server.close()
+        pg.close()
+    finally:
+        server.close()
 
 
 README_SHOTS = {"generate", "race", "probe_lab", "step_inspector", "verification_lab"}   # what the README shows
@@ -286,3 +300,62 @@ def test_preset_shows_its_regime(page, name):
         m = re.search(r"copy (\d+)% of steps", status)
         assert (int(m.group(1)) if m else 0) < 25, status    # no copy path listed: 0% of steps
     shot(page, "preset_" + name.split(":")[0].lower())
+
+
+# -- the studio on a user's own GGUF file (a tiny random Qwen3, written as llama.cpp's converter lays one out,
+# with the offline model's tokenizer): the header names the file's format, tokens stream coloured by path, and a
+# probe trained in the Probe lab is the probe of the next Generate run. In this file (last), not its own: two
+# studios on two workers at once, one of them training a probe, thrash the two cores the race is timed on.
+
+@pytest.fixture(scope="module")
+def gguf_page(browser, tmp_path_factory):
+    from app_server import AppServer
+    from families import tiny_folder
+    from gguf_files import write_gguf
+    from transformers import AutoModelForCausalLM
+    out = tmp_path_factory.mktemp("qwen3-gguf")
+    folder, head, _ = tiny_folder("qwen3", out)
+    gguf = write_gguf(AutoModelForCausalLM.from_pretrained(folder), out / "qwen3-tiny-Q4_K_M-like.gguf")
+    yield from studio_page(browser, AppServer("--model", str(gguf), "--eagle", str(head)))
+
+
+def _generate(page) -> str:
+    page.get_by_role("tab", name="Generate").click()
+    page.locator("#prompt textarea").fill("Repeat exactly: the quick brown fox jumps over the lazy dog. "
+                                          "The quick brown fox jumps over the lazy dog.")
+    page.locator("#run").click()
+    # a previous run's "Done" line stays until this run's first frame
+    page.wait_for_function("!document.querySelector('#status').innerText.includes('Done')", polling=50,
+                           timeout=60_000)
+    page.wait_for_function("(s => s.includes('Done') || s.includes('rror'))(document.querySelector('#status')"
+                           ".innerText)", polling=250, timeout=180_000)
+    assert "Done" in page.locator("#status").inner_text(), page.locator("#status").inner_text()
+    page.wait_for_function("document.querySelector('#model-status').innerText.includes('format')", polling=250,
+                           timeout=60_000)                  # the header, updated after the run
+    return page.locator("#model-status").inner_text()
+
+
+def test_the_studio_runs_a_users_gguf_and_a_probe_trained_in_the_lab(gguf_page):
+    page = gguf_page
+    header = _generate(page)
+    assert "qwen3-tiny-Q4_K_M-like.gguf" in header and "format q4q8" in header, header
+    assert "probe none" in header                        # no shipped probe carries this model's fingerprint
+    spans = page.locator("#tokens .tok")
+    assert spans.count() > 5 and spans.first.get_attribute("data-path") is not None
+    page.get_by_role("tab", name="Probe lab").click()
+    page.locator("#lab-train").click()
+    page.wait_for_function("document.querySelector('#lab-trained').innerText.includes('trained here')",
+                           polling=500, timeout=600_000)
+    assert "validation AUC" in page.locator("#lab-trained").inner_text()
+    shot(page, "gguf_probe_trained")
+    page.get_by_role("tab", name="Generate").click()
+    page.locator("#method input").click()
+    page.get_by_role("option", name="switchsd", exact=True).click()
+    assert page.locator("#method input").input_value() == "switchsd"
+    _generate(page)
+    page.wait_for_function("!document.querySelector('#model-status').innerText.includes('(loads on first use) · "
+                           "EAGLE')", polling=250, timeout=60_000)     # the run loaded the trained probe
+    header = page.locator("#model-status").inner_text()
+    assert "probe probe.safetensors" in header, header
+    assert page.locator("#tokens .tok").count() > 5
+    shot(page, "gguf_generate_with_trained_probe")

@@ -266,29 +266,34 @@ def test_auto_format_int4_only_for_4bit_models(tmp_path, monkeypatch):
 
     from switchsd.models.int4 import available
     from switchsd.models.loading import DTYPES, auto_format, dtype_choice_path
+    from switchsd.models.loading import GGUF_FORMATS as ALL
     monkeypatch.setenv("SWITCHSD_CACHE", str(tmp_path))
     monkeypatch.delenv("SWITCHSD_CALIBRATION")           # the suite's own folder (conftest): not here
     from switchsd.kernels import build
     from switchsd.models import loading as models
     assert build.available("llama")                      # the suite's machines have a C compiler (make compiler)
-    assert auto_format("cpu", int4_ok=True) == "q4q8"
+    assert auto_format("cpu", ALL) == "q4q8"
     p = dtype_choice_path("cpu")
     p.parent.mkdir(parents=True)
     p.write_text(json.dumps({"fastest": "q4q8", "fastest_dense": "float32"}))
-    assert auto_format("cpu", int4_ok=True) == "q4q8" and auto_format("cpu") == "float32"
+    assert auto_format("cpu", ALL) == "q4q8" and auto_format("cpu") == "float32"
     p.unlink()
     monkeypatch.setattr(build, "available", lambda name="llama": False)    # no C compiler: torch's int4 kernel
-    assert auto_format("cpu", int4_ok=True) == ("int4" if available() else auto_format("cpu"))
-    assert auto_format("cpu") in DTYPES and auto_format("cuda", int4_ok=True) == "bfloat16"
+    assert auto_format("cpu", ALL) == ("int4" if available() else auto_format("cpu"))
+    assert auto_format("cpu") in DTYPES and auto_format("cuda", ALL) == "bfloat16"
     monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: False)      # an AVX2-only CPU, uncalibrated
-    assert auto_format("cpu", int4_ok=True) == ("int4" if available() else "float32")
+    assert auto_format("cpu", ALL) == ("int4" if available() else "float32")
     assert auto_format("cpu") == "float32"
     monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: True)
-    assert auto_format("cpu", int4_ok=True) == ("int4" if available() else "bfloat16")
+    assert auto_format("cpu", ALL) == ("int4" if available() else "bfloat16")
     p.write_text(json.dumps({"fastest": "int4-mixed", "fastest_dense": "float32"}))
-    assert auto_format("cpu", int4_ok=True) == "int4-mixed" and auto_format("cpu") == "float32"
+    assert auto_format("cpu", ALL) == "int4-mixed" and auto_format("cpu") == "float32"
     p.write_text(json.dumps({"fastest": "bfloat16"}))
-    assert auto_format("cpu", int4_ok=True) == "bfloat16"
+    assert auto_format("cpu", ALL) == "bfloat16"
+    # a Q4_K_M file reads in q4q8 only: a calibrated int4 choice does not apply to it; an f16 file reads in none
+    p.write_text(json.dumps({"fastest": "int4", "fastest_dense": "float32"}))
+    monkeypatch.setattr(build, "available", lambda name="llama": True)
+    assert auto_format("cpu", ("q4q8",)) == "q4q8" and auto_format("cpu", ()) == "float32"
 
 
 def test_the_format_is_chosen_over_the_whole_curve():

@@ -84,3 +84,20 @@ def test_real_model_cuda_float32_all_methods_equal_vanilla(device_map):
     for m in methods:
         assert outs[m].token_ids == outs["vanilla"].token_ids, m
     assert outs["copy"].stats["tok_per_fwd"] > 1.5
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("forward", ["hf", "lean"])
+def test_families_on_cuda_every_copy_method_equals_vanilla(family, forward):
+    """The families users bring (tests/families.py: Llama-3 rope scaling, Qwen2 biases, Qwen3 q/k norms, Mistral),
+    made on the spot (no Hub), in float64 on CUDA through transformers' and the lean forward."""
+    from families import make_family
+    from helpers import repetitive_prompt
+    model = make_family(family).to("cuda")
+    prompt = repetitive_prompt(1, n=16, reps=3)
+    cfg = EngineConfig(max_new_tokens=24, budget=16, forward=forward)
+    want = make_engine(model, build_policy("vanilla", (1,)), cfg, (1,)).run(prompt).token_ids
+    assert want == _reference(model, prompt, 24)[:len(want)]
+    for method in ("copy", "pld", "copyspec", "samd", "lookahead"):
+        got = make_engine(model, build_policy(method, (1,)), cfg, (1,)).run(prompt).token_ids
+        assert got == want, (family, forward, method)

@@ -267,20 +267,25 @@ def reference_forward(fwd: Q4Q8Llama, ids: list[int], rotary_sign: float = 1.0) 
     H, KV, hd, eps = fwd.heads, fwd.kv_heads, fwd.head_dim, float(c.rms_norm_eps)
     T, pos = len(ids), torch.arange(len(ids))
     x = fwd.embed[ids].double()                                                  # [T, d]
+    W = lambda parts: torch.cat([p.dequantized() for p in parts]).double()       # noqa: E731
     for layer, (w_qkv, w_o, w_gu, w_down) in enumerate(fwd.layers):
-        qkv = _quantised(_rms(x, fwd.norms[2 * layer], eps)) @ w_qkv.dequantized().double().T
+        qkv = _quantised(_rms(x, fwd.norms[2 * layer], eps)) @ W(w_qkv).T
         q, k, v = qkv.split([H * hd, KV * hd, KV * hd], -1)
+        q, k, v = (t if b is None else t + b.double() for t, b in zip((q, k, v), fwd.biases[layer]))
+        if fwd.qk_norms[2 * layer] is not None:                                   # Qwen3: per-head q / k norms
+            q = _rms(q.view(T, H, hd), fwd.qk_norms[2 * layer], eps).reshape(T, H * hd)
+            k = _rms(k.view(T, KV, hd), fwd.qk_norms[2 * layer + 1], eps).reshape(T, KV * hd)
         q = _rotate(q.view(T, H, hd), pos, fwd.inv_freq, rotary_sign)
         k = _rotate(k.view(T, KV, hd), pos, fwd.inv_freq, rotary_sign)
         k, v = (t.view(T, KV, hd).repeat_interleave(H // KV, 1) for t in (k, v))     # [T, H, hd]
         s = torch.einsum("thd,shd->hts", q, k) * hd ** -0.5
         s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
         att = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, H * hd)
-        x = x + _quantised(att) @ w_o.dequantized().double().T
-        gu = _quantised(_rms(x, fwd.norms[2 * layer + 1], eps)) @ w_gu.dequantized().double().T
+        x = x + _quantised(att) @ W(w_o).T
+        gu = _quantised(_rms(x, fwd.norms[2 * layer + 1], eps)) @ W(w_gu).T
         g, u = gu.chunk(2, -1)
-        x = x + _quantised(g / (1 + torch.exp(-g)) * u) @ w_down.dequantized().double().T
-    return _quantised(_rms(x, fwd.norm, eps)) @ fwd.head.dequantized().double().T
+        x = x + _quantised(g / (1 + torch.exp(-g)) * u) @ W(w_down).T
+    return _quantised(_rms(x, fwd.norm, eps)) @ W(fwd.head).T
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -306,7 +311,7 @@ def test_llama_c_refuses_what_it_cannot_read():
         with pytest.raises(ValueError, match=msg):
             fwd.forward(bad, cache)
     assert len(cache) == 0, "nothing half-written into the cache"
-    lin = fwd.layers[0][1]
+    lin = fwd.layers[0][1][0]
     for value in (float("nan"), float("inf")):
         x = torch.randn(2, lin.in_features)
         x[1, 3] = value

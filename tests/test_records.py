@@ -4,6 +4,7 @@ rebuilds docs/results.md, the README's results and docs/scaling.md's vLLM block 
 (the client's protocol, EOS handling and counts), and the real one when `make llama-cpp` has built it."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import stat
@@ -48,6 +49,28 @@ def test_a_record_round_trips_and_its_figures_are_recomputed(tmp_path):
     (tmp_path / "bad.json.gz").write_bytes(b"not gzip")
     with pytest.raises(ValueError, match="not a readable record"):
         records.read_record(tmp_path / "bad.json.gz")
+
+
+def test_file_records_of_two_machines_get_a_section_each(tmp_path):
+    """docs/records/files/MACHINE/: one section per machine folder, each with its own label and record paths; a
+    machine's folder is named by its CPU and instruction set."""
+    from switchsd.eval import files_page
+    intel = {"cpu": "Intel(R) Xeon(R) Processor", "flags": ["avx2", "avx512f", "amx_tile"], "cores": 2, "l3": "491520K"}
+    amd = {"cpu": "AMD EPYC 9B14 96-Core Processor", "flags": ["avx2", "avx512f"], "cores": 2, "l3": "32768K"}
+    assert [records.machine_tag(m) for m in (intel, amd)] == ["intel-xeon-amx", "amd-epyc-avx512"]
+    base = records.read_record(ROOT / "docs" / "records" / "files" / "intel-xeon-amx" / "curve-llama-3.2-1b.json.gz")
+    for m in (intel, amd):
+        folder = tmp_path / records.machine_tag(m)
+        folder.mkdir()
+        with gzip.open(folder / "curve-llama-3.2-1b.json.gz", "wt") as f:
+            json.dump({**base, "machine": m}, f)
+    machines = files_page.load_machines(tmp_path)
+    assert [m.tag for m in machines] == ["amd-epyc-avx512", "intel-xeon-amx"]
+    page = files_page.files_page(machines)
+    for m in (intel, amd):
+        assert f"### {records.machine_label(m)}" in page
+        assert f"docs/records/files/{records.machine_tag(m)}/curve-llama-3.2-1b.json.gz" in page
+    assert "No records yet: `make bench-files`." in page          # curves only: the files table says how to fill it
 
 
 def test_the_committed_pages_match_their_records():

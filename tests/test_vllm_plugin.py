@@ -382,6 +382,22 @@ def test_a_probe_that_does_not_fit_the_served_model_is_refused(tmp_path):
         load_gate_probe(str(tmp_path / "missing.safetensors"), 576, 30)
 
 
+def test_a_head_whose_layers_vllm_cannot_capture_is_refused():
+    """vLLM captures each layer id once: a head with ids (1, 1, 1) gets one hidden state where its fc takes three (the
+    first neural step would fail inside vLLM), and vLLM's default (2, L // 2, L - 3) reaches outside a 2-layer model."""
+    from types import SimpleNamespace
+
+    from switchsd.vllm.gate import check_capture
+    target = lambda ids: SimpleNamespace(model=SimpleNamespace(aux_hidden_state_layers=ids))   # noqa: E731
+    check_capture(target((2, 15, 27)), 30, None)
+    check_capture(target((0, 1, 2)), 2, [0, 1, 2])
+    with pytest.raises(GateError, match=r"takes 3 hidden states \(its eagle_aux_hidden_state_layer_ids \[1, 1, 1\]\)"
+                                        r", and vLLM captures layers \[1\] of this 2-layer model"):
+        check_capture(target([1]), 2, [1, 1, 1])
+    with pytest.raises(GateError, match=r"vLLM's default ids\), and vLLM captures layers \[2, 1, -1\]"):
+        check_capture(target((2, 1, -1)), 2, None)
+
+
 @pytest.mark.vllm
 @pytest.mark.skipif(not VENV.exists(), reason="vLLM's environment is missing: `make vllm` builds .venv-vllm")
 def test_vllm_greedy_with_copy_and_switchsd_equals_no_speculation(tmp_path):
@@ -396,3 +412,24 @@ def test_vllm_greedy_with_copy_and_switchsd_equals_no_speculation(tmp_path):
         assert m["identical"] == res["n"] == 3, (name, m)
         assert m["counts"]["copy"] > 0, (name, m)         # it copied (the JSON echo)
     assert res["methods"]["switchsd"]["counts"]["neural"] > 0     # and left the story to EAGLE-3
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not VENV.exists(), reason="vLLM's environment is missing: `make vllm` builds .venv-vllm")
+def test_vllm_greedy_on_a_tiny_qwen3_equals_no_speculation(tmp_path):
+    """vLLM runs the Qwen3 family natively: with the copy proposer and with SwitchSD (a random EAGLE-3 head behind
+    the probe gate, whose hook reads the hidden states of Qwen3's layer) greedy outputs equal vLLM's own. The head
+    reads three distinct layers (vLLM captures each once; `check_capture` holds them to the head at the first step)."""
+    from families import qwen3_folder
+    folder, head, probe = qwen3_folder(tmp_path, head_dim=64, aux=(0, 1, 2))
+    out = tmp_path / "check.json"
+    r = subprocess.run([str(VENV), "-m", "switchsd.vllm.check", "--model", str(folder), "--head", str(head),
+                        "--probe", str(probe), "--out", str(out), "--max-tokens", "48"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    for name in ("copy", "switchsd"):
+        m = res["methods"][name]
+        assert m["identical"] == res["n"] == 3, (name, m)
+    counts = res["methods"]["switchsd"]["counts"]
+    assert counts["copy"] + counts["neural"] > 0, counts            # the gate ran on Qwen3's captured states

@@ -3,7 +3,7 @@
 File format: safetensors with tensor `weight` [d] (float32) and string metadata:
   format="switchsd-probe-v1", model, model_revision, hidden_size, num_layers, layer, sublayer ("attn"|"mlp"),
   tau, n_train, kappa, align, data (JSON summary of the training data), val_auc, val_f1,
-  per_layer (JSON list of {layer, sublayer, auc, f1, tau}).
+  per_layer (JSON list of {layer, sublayer, auc, f1, tau}), fingerprint (JSON: its model's, models/fingerprint.py).
 Loading never unpickles anything, and reads no weight before the file's size and header have been checked
 (a probe is d floats and a little metadata: files over MAX_PROBE_BYTES are refused unread). The engine scores
 the hidden state its verify forward already captured.
@@ -78,6 +78,11 @@ class Probe:
                              f"{cfg.num_hidden_layers} layers: this probe belongs to another model")
         if not 0 <= self.layer < cfg.num_hidden_layers:
             raise ProbeError(f"probe layer {self.layer} does not exist")
+        from .fingerprint import fingerprint, mismatch
+        why = mismatch(fingerprint(model), self.meta.get("fingerprint"))
+        if why:
+            raise ProbeError(f"probe is for a model with {why} ({self.meta.get('model')}): this probe belongs to "
+                             "another model")
         have = model_signature(model)
         for key, want in ((k, self.meta.get(k)) for k in SIGNATURE):      # older probes carry none of these
             if want is not None and str(want) != str(have.get(key)):

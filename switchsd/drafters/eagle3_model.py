@@ -291,6 +291,11 @@ def load_eagle3(name_or_path: str, target) -> Eagle3Head:
     if c.vocab_size != tc.vocab_size:
         raise Eagle3LoadError(f"EAGLE3 head expects a target vocabulary of {c.vocab_size}, the target has "
                               f"{tc.vocab_size}: this head belongs to another model")
+    from ..core.fingerprint import fingerprint, mismatch
+    why = mismatch(fingerprint(target), raw.get("switchsd_fingerprint"))
+    if why:
+        raise Eagle3LoadError(f"EAGLE3 head {folder.name} was trained for a model with {why}: this head belongs to "
+                              "another model")
     sd = _normalise_keys(read_state_dict(folder))
     sd.pop("embed_tokens.weight", None)
     if "d2t" not in sd:

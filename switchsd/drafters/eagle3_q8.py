@@ -17,7 +17,7 @@ import torch
 
 from ..kernels.build import available, load
 from ..kernels.q4q8 import Q8Linear
-from ..models.q4q8 import Dims, Q4Q8Llama, rotary_tables
+from ..models.q4q8 import Dims, Mat, Q4Q8Llama, mat, rotary_tables
 from .eagle3_model import Eagle3Head
 
 _P = ctypes.c_void_p
@@ -41,7 +41,7 @@ def _lib() -> ctypes.CDLL:
     if not getattr(lib, "_typed", False):
         lib.eagle3_step.argtypes = [ctypes.POINTER(Dims), _P, _P, _P, _P, _I, _P, _P, _I, _P, _P, _P, _P, _P, _P]
         lib.eagle3_step.restype = ctypes.c_int
-        lib.llama_head.argtypes = [ctypes.POINTER(Dims), _P, _I, _P, _P, ctypes.c_int, _I, _P]
+        lib.llama_head.argtypes = [ctypes.POINTER(Dims), _P, _I, _P, ctypes.POINTER(Mat), _P]
         lib.llama_head.restype = ctypes.c_int
         lib._typed = True
     return lib
@@ -65,6 +65,7 @@ class Q8Eagle3Head(Eagle3Head):
                             (a, "o_proj"), (m.mlp, "gate_proj"), (m.mlp, "up_proj"), (m.mlp, "down_proj")):
             setattr(owner, name, _Q8(getattr(owner, name).weight))
         fast._lm = fast.lm_head.q8
+        fast._lm_mat = mat([fast._lm])
         fast._norms = [m.input_layernorm.weight.contiguous(), m.hidden_norm.weight.contiguous(),
                        m.post_attention_layernorm.weight.contiguous()]
         c = head.config
@@ -113,7 +114,7 @@ class Q8Eagle3Head(Eagle3Head):
         x = out.reshape(-1, out.shape[-1]).float().contiguous()
         y = torch.empty(x.shape[0], self.config.draft_vocab_size)
         rc = self._lib.llama_head(ctypes.byref(self._dims), x.data_ptr(), x.shape[0], self.norm.weight.data_ptr(),
-                                  self._lm.packed.data_ptr(), 1, self.config.draft_vocab_size, y.data_ptr())
+                                  ctypes.byref(self._lm_mat), y.data_ptr())
         if rc:
             raise MemoryError("EAGLE-3 head logits: out of memory")
         return y.view(*out.shape[:-1], -1)

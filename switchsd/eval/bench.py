@@ -43,7 +43,7 @@ from ..cli.common import (
 )
 from ..core.policies import Fixed
 from ..drafters.oracle import OracleDrafter
-from ..factory import DEFAULT_HEADS, DEFAULT_PROBES, make_engine
+from ..factory import make_engine, shipped_for
 from ..io import write_text_atomic
 from ..methods import METHODS
 from ..models.loading import DEFAULT_MODEL, ModelLoadError, default_model_folder, gguf_model, gguf_path, load_model
@@ -186,12 +186,12 @@ def run(args: argparse.Namespace, methods: list[str], prompts: list[dict]) -> Be
         if why is None and cfg.sampling.temperature > 0:
             why = "greedy only (T = 0)"
         if why is None and peer in llama_server.NEEDS_HEAD and head_gguf is None:
-            head = Path(args.eagle) if args.eagle != "auto" else DEFAULT_HEADS.get(lm.name)
+            head = Path(args.eagle) if args.eagle != "auto" else shipped_for(lm, "eagle3")
             try:
                 if head is None or not (head / "model.safetensors").exists():
                     raise RuntimeError(f"no EAGLE-3 head folder for {lm.name} (--eagle DIR)")
-                head_gguf = llama_server.eagle3_gguf(head, default_model_folder() if args.model in (
-                    None, DEFAULT_MODEL) else Path(args.model).parent)
+                head_gguf = llama_server.eagle3_gguf(head, default_model_folder() if args.eagle == "auto" or args.model
+                                                     in (None, DEFAULT_MODEL) else Path(args.model).parent)
             except (RuntimeError, OSError) as e:
                 why = str(e).splitlines()[0]
         if why:
@@ -262,8 +262,8 @@ def run(args: argparse.Namespace, methods: list[str], prompts: list[dict]) -> Be
             "torch": torch.__version__, "platform": platform.platform(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": args.command, "commit": started,
             "max_new_tokens": cfg.max_new_tokens, "eagle": args.eagle, "probe": args.probe,
-            "head_path": str(DEFAULT_HEADS.get(lm.name, "")) if args.eagle == "auto" else args.eagle,
-            "probe_path": str(DEFAULT_PROBES.get(lm.name, "")) if args.probe == "auto" else args.probe,
+            "head_path": str(shipped_for(lm, "eagle3") or "") if args.eagle == "auto" else args.eagle,
+            "probe_path": str(shipped_for(lm, "probe") or "") if args.probe == "auto" else args.probe,
             "llama_cpp": llama_server.version() if any(m in SERVER_PEERS for m in methods) else None,
             "head_gguf": str(head_gguf) if head_gguf else None,
             "llama_cpp_amx": llama_server.amx_note() if any(m in SERVER_PEERS for m in methods) else None}

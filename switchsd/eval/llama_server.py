@@ -4,7 +4,9 @@
 - `llama-cpp-ngram`: `--spec-default` (its ngram-mod drafter, the speculation llama.cpp turns on by default);
 - `llama-cpp-eagle3`: `--spec-type draft-eagle3` with the shipped EAGLE-3 head, converted by llama.cpp's own
   `convert_hf_to_gguf.py` (cached beside the build);
-- `llama-cpp-hybrid`: ngram-mod and draft-eagle3 together (llama.cpp tries the draftless type first).
+- `llama-cpp-hybrid`: ngram-mod and draft-eagle3 together (llama.cpp tries the draftless type first);
+- `llama-cpp-f32kv`: plain decoding with a float32 key/value cache (llama.cpp's default is float16): where its text
+  and this project's part, which of the two arithmetics makes the difference.
 
 Every row gets the same prompt token ids as the engine (chat template included) through `/completion`, greedy
 (temperature 0), no prompt cache, up to max_new_tokens, stopping at the model's end of generation. Its time is
@@ -37,8 +39,9 @@ from ..core.engine import Generation
 from ..io import stop_process
 from ..models.loading import cache_dir
 
-SERVER_PEERS = ("llama-cpp", "llama-cpp-ngram", "llama-cpp-eagle3", "llama-cpp-hybrid")
-SPEC_FLAGS = {"llama-cpp": [], "llama-cpp-ngram": ["--spec-default"],
+SERVER_PEERS = ("llama-cpp", "llama-cpp-ngram", "llama-cpp-eagle3", "llama-cpp-hybrid", "llama-cpp-f32kv")
+SPEC_FLAGS = {"llama-cpp": [], "llama-cpp-f32kv": ["--cache-type-k", "f32", "--cache-type-v", "f32"],
+              "llama-cpp-ngram": ["--spec-default"],
               "llama-cpp-eagle3": ["--spec-type", "draft-eagle3"],
               "llama-cpp-hybrid": ["--spec-default", "--spec-type", "draft-eagle3"]}
 NEEDS_HEAD = ("llama-cpp-eagle3", "llama-cpp-hybrid")

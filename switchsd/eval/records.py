@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,14 @@ def machine_label(m: dict) -> str:
     return f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, L3 {_size(m.get('l3'))}, {isa}"
 
 
+def machine_tag(m: dict) -> str:
+    """'intel-xeon-amx', 'amd-epyc-avx512': the folder a machine's file records live in (docs/records/files/TAG)."""
+    words = [w for w in re.sub(r"\(.*?\)|processor|cpu|\d+-core", " ", m.get("cpu", "").lower()).split() if w.isalnum()]
+    f = set(m.get("flags", []))
+    isa = "amx" if "amx_tile" in f else "avx512" if "avx512f" in f else "avx2" if "avx2" in f else "x86"
+    return "-".join(words[:2] + [isa])
+
+
 def _size(text: str | None) -> str:
     """'491520K' (sysfs) -> '480 MiB'."""
     if not text:
@@ -103,12 +112,13 @@ def _size(text: str | None) -> str:
 
 
 def commit() -> dict:
-    """The checkout's commit and whether tracked files differ from it."""
+    """The checkout's commit and whether tracked files outside docs/ differ from it (docs/ holds the records and
+    pages runs write: a series of runs stays "clean" as it records)."""
     def git(*a):
         r = subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True)
         return r.stdout.strip() if r.returncode == 0 else None
     sha = git("rev-parse", "HEAD")
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs")
     return {"sha": sha, "dirty": bool(dirty)} if sha else {"sha": None, "dirty": None}
 
 
@@ -145,13 +155,21 @@ def versions(llama_cpp: str | None = None, llama_cpp_amx: str | None = None) -> 
     return out
 
 
+def local_paths_out(text: str, model: str | None) -> str:
+    """`text` without the folder of a model file (a .gguf path of this machine names the file alone)."""
+    if model and str(model).endswith(".gguf") and os.sep in str(model):
+        return str(text).replace(str(Path(model).parent) + os.sep, "")
+    return str(text)
+
+
 def write_record(path: Path, *, meta: dict, methods: list[str], records: dict[str, list[dict]],
                  texts: dict[str, dict[str, str]], mismatches: list | None) -> Path:
     """One benchmark run -> a gzipped record at `path` (atomically)."""
     rec = {
         "schema": SCHEMA, "kind": "bench", "dataset": meta["dataset"], "date": meta["date"],
-        "command": meta["command"], "machine": machine(), "versions": versions(meta.get("llama_cpp"), meta.get("llama_cpp_amx")),
-        "commit": meta.get("commit") or commit(), "model": meta["model"], "format": meta["dtype"], "device": meta["device"],
+        "command": local_paths_out(meta["command"], meta["model"]), "machine": machine(), "versions": versions(meta.get("llama_cpp"), meta.get("llama_cpp_amx")),
+        "commit": meta.get("commit") or commit(), "model": local_paths_out(meta["model"], meta["model"]),
+        "format": meta["dtype"], "device": meta["device"],
         "files": {"head": file_hash(meta.get("head_path")), "probe": file_hash(meta.get("probe_path")),
                   "head_gguf": file_hash(meta.get("head_gguf"))},
         "settings": {**{k: meta[k] for k in ("n_prompts", "chat", "budget", "engine", "copy", "max_new_tokens")

@@ -203,11 +203,13 @@ def main(argv=None) -> None:
     ap.add_argument("--check", action="store_true", help="fail when a committed page differs from the records")
     ap.add_argument("--records", type=Path, default=RECORDS)
     args = ap.parse_args(argv)
+    from .files_page import FILES, files_page, load_machines, n_records  # it reads this module's helpers
     try:
         recs, pairs = load_records(args.records), load_records(args.records, "vllm-pair")
+        machines = load_machines(args.records / "files")
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-    pages = {RESULTS: results_page(recs),
+    pages = {RESULTS: results_page(recs), FILES: files_page(machines),
              README: _with_block(README.read_text(), readme_block(recs), BEGIN, END, "README.md"),
              SCALING: _with_block(SCALING.read_text(), vllm_block(pairs), VLLM_BEGIN, VLLM_END, "docs/scaling.md")}
     stale = [p for p, text in pages.items() if not p.exists() or p.read_text() != text]
@@ -215,11 +217,11 @@ def main(argv=None) -> None:
         if stale:
             raise SystemExit("error: " + ", ".join(_show(p) for p in stale) +
                              " differ from what the records give: run `switchsd report`")
-        print(f"report: {len(recs) + len(pairs)} record(s); pages match")
+        print(f"report: {len(recs) + len(pairs) + n_records(machines)} record(s); pages match")
         return
     for p in stale:
         p.write_text(pages[p])
-    print(f"report: {len(recs) + len(pairs)} record(s); wrote {', '.join(_show(p) for p in stale) or 'nothing'}",
+    print(f"report: {len(recs) + len(pairs) + n_records(machines)} record(s); wrote {', '.join(_show(p) for p in stale) or 'nothing'}",
           file=sys.stderr)
 
 

@@ -13,7 +13,7 @@ A row's result depends only on its own inputs and the keys it sees, never on how
 verify forward's rows equal, bit for bit, the one-row steps vanilla decoding makes. Threads split each product's
 output columns and the attention's heads; every sum runs on one thread in a fixed order.
 */
-#include "q4q8.c"
+#include "qx.c"
 #include <time.h>
 
 /* Where a forward's time goes: seconds per phase, summed over calls until `llama_profile` reads and clears them. */
@@ -36,9 +36,25 @@ typedef struct {
     int path;                       /* q4q8 path: 0 best, 1 portable */
 } Dims;
 
+/* A matrix as one or more parts of one block type each, outputs stacked (q|k|v of a Q4_K_M file: Q4_K, Q4_K, Q6_K),
+   each part with an optional bias (Qwen2's q|k|v). kind: KIND_Q4Q8 (q4q8.c), KIND_Q8 (Q8_0), else a qx.c kind. */
+#define KIND_Q4Q8 (-1)
+#define KIND_Q8 (-2)
+#define KIND_F16 (-3)
+#define KIND_BF16 (-4)
+#define MAX_PARTS 3
+typedef struct {
+    const uint8_t *w[MAX_PARTS];
+    const float *bias[MAX_PARTS];
+    int64_t n[MAX_PARTS];
+    int32_t kind[MAX_PARTS];
+    int32_t parts;
+} Mat;
+
 typedef struct {                    /* scratch for one forward of T rows */
     int8_t *q8;
-    float *dx, *sx, *h, *qkv, *att, *gu, *act, *tmp;
+    float *dx, *sx, *h, *qkv, *att, *gu, *act, *tmp, *part;
+    int32_t *qs;
 } Work;
 
 /* Scratch for T rows: activation blocks up to kmax wide, h (hw floats a row), q|k|v (nq), attention (na), gate|up
@@ -53,12 +69,16 @@ static int work_alloc(Work *wk, int64_t T, int64_t kmax, int64_t hw, int64_t nq,
     wk->gu = malloc(sizeof(float) * (size_t)(T * 2 * I));
     wk->act = malloc(sizeof(float) * (size_t)(T * I));
     wk->tmp = malloc(sizeof(float) * (size_t)(T * d));
-    return wk->q8 && wk->dx && wk->sx && wk->h && wk->qkv && wk->att && wk->gu && wk->act && wk->tmp;
+    int64_t widest = nq > 2 * I ? nq : 2 * I;
+    widest = widest > d ? widest : d;
+    wk->part = malloc(sizeof(float) * (size_t)(T * widest));
+    wk->qs = malloc(sizeof(int32_t) * (size_t)(T * kmax / 16));
+    return wk->q8 && wk->dx && wk->sx && wk->h && wk->qkv && wk->att && wk->gu && wk->act && wk->tmp && wk->part && wk->qs;
 }
 
 static void work_free(Work *wk) {
     free(wk->q8); free(wk->dx); free(wk->sx); free(wk->h); free(wk->qkv); free(wk->att); free(wk->gu); free(wk->act);
-    free(wk->tmp);
+    free(wk->tmp); free(wk->part); free(wk->qs);
 }
 
 __attribute__((target_clones("avx2", "default")))
@@ -69,9 +89,36 @@ static void rms(const float *x, const float *w, int64_t d, float eps, float *out
     for (int64_t i = 0; i < d; i++) out[i] = w[i] * (x[i] * r);
 }
 
-static void product(const uint8_t *w, const float *x, int64_t rows, int64_t n, int64_t k, float *y, Work *wk, int path) {
-    q4q8_quantize(x, rows, k, wk->q8, wk->dx, wk->sx);
-    q4q8_matmul_quantized(w, wk->q8, wk->dx, wk->sx, rows, n, k, y, path);
+static void part_product(const Mat *m, int p, const float *x, int64_t rows, int64_t k, float *y, Work *wk, int path) {
+    if (m->kind[p] <= KIND_F16) f16_matmul((const uint16_t *)m->w[p], m->kind[p] == KIND_BF16, x, rows, m->n[p], k, y, path);
+    else if (m->kind[p] == KIND_Q4Q8) q4q8_matmul_quantized(m->w[p], wk->q8, wk->dx, wk->sx, rows, m->n[p], k, y, path);
+    else if (m->kind[p] == KIND_Q8) q8_matmul_quantized(m->w[p], wk->q8, wk->dx, rows, m->n[p], k, y, path);
+    else qx_matmul_quantized(m->w[p], m->kind[p], wk->q8, wk->dx, wk->sx, wk->qs, rows, m->n[p], k, y, path);
+}
+
+/* y [rows, sum of the parts' n] = x [rows, k] times the matrix: activations quantised once, each part's outputs in
+   its columns (a lone part straight into y), its bias added after. */
+static void product(const Mat *m, const float *x, int64_t rows, int64_t k, float *y, Work *wk, int path) {
+    int quantised = 0, sums = 0;
+    for (int p = 0; p < m->parts; p++) {
+        quantised |= m->kind[p] > KIND_F16;
+        sums |= m->kind[p] >= 0;
+    }
+    if (quantised) q4q8_quantize(x, rows, k, wk->q8, wk->dx, wk->sx);
+    if (sums) qx_sums(wk->q8, rows, k, wk->qs);
+    int64_t n = 0;
+    for (int p = 0; p < m->parts; p++) n += m->n[p];
+    for (int p = 0, at = 0; p < m->parts; at += (int)m->n[p], p++) {
+        const int64_t np = m->n[p];
+        if (m->parts == 1) part_product(m, p, x, rows, k, y, wk, path);
+        else {
+            part_product(m, p, x, rows, k, wk->part, wk, path);
+            for (int64_t r = 0; r < rows; r++) memcpy(y + r * n + at, wk->part + r * np, sizeof(float) * (size_t)np);
+        }
+        if (m->bias[p])
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t i = 0; i < np; i++) y[r * n + at + i] = y[r * n + at + i] + m->bias[p][i];
+    }
 }
 
 __attribute__((target_clones("avx2", "default")))
@@ -263,7 +310,7 @@ static void swiglu(const float *g, const float *u, int64_t n, float *act, int pa
    [T, hd]. Row t sees the positions keys[key_off[t] .. key_off[t + 1]) of its slot (ascending, its own included).
    capture: [2 L] flags (attn, mlp of each layer); captured: the flagged sites' outputs [n_flagged, T, d] in layer
    order. Returns 0, or -1 when out of memory. */
-int llama_forward(const Dims *dm, int64_t n_layers, const uint8_t *const *w, const float *const *norms, float *x,
+int llama_forward(const Dims *dm, int64_t n_layers, const Mat *w, const float *const *norms, const float *const *qk_norms, float *x,
                   int64_t T, float *kc, float *vc, int64_t slots, int64_t cap, const int32_t *slot, const int32_t *wpos,
                   const float *cos, const float *sin, const int32_t *key_off, const int32_t *keys,
                   const int32_t *capture, float *captured) {
@@ -282,10 +329,12 @@ int llama_forward(const Dims *dm, int64_t n_layers, const uint8_t *const *w, con
         double t0 = now();
         for (int64_t t = 0; t < T; t++) rms(x + t * d, norms[2 * l], d, dm->eps, wk.h + t * d);
         double t1 = now();
-        product(w[4 * l], wk.h, T, nq, d, wk.qkv, &wk, dm->path);
+        product(&w[4 * l], wk.h, T, d, wk.qkv, &wk, dm->path);
         double t2 = now();
         for (int64_t t = 0; t < T; t++) {
             float *row = wk.qkv + t * nq;
+            if (qk_norms[2 * l])                    /* Qwen3: each q and k head RMS-normed before the rotation */
+                for (int64_t h = 0; h < H + KV; h++) rms(row + h * hd, qk_norms[2 * l + (h >= H)], hd, dm->eps, row + h * hd);
             for (int64_t h = 0; h < H + KV; h++) rotate(row + h * hd, cos + t * hd, sin + t * hd, hd);
             for (int64_t h = 0; h < KV; h++) {
                 int64_t at = ((slot[t] * KV + h) * cap + wpos[t]) * hd;
@@ -304,16 +353,16 @@ int llama_forward(const Dims *dm, int64_t n_layers, const uint8_t *const *w, con
                        dm->scale, scores + (t * H + h) * (most_keys + 1), wk.att + t * H * hd + h * hd, vec);
             }
         double t4 = now();
-        product(w[4 * l + 1], wk.att, T, d, H * hd, wk.tmp, &wk, dm->path);
+        product(&w[4 * l + 1], wk.att, T, H * hd, wk.tmp, &wk, dm->path);
         for (int64_t i = 0; i < T * d; i++) x[i] = x[i] + wk.tmp[i];
         if (capture[2 * l]) memcpy(captured + (n_cap++) * T * d, x, sizeof(float) * (size_t)(T * d));
         double t5 = now();
         for (int64_t t = 0; t < T; t++) rms(x + t * d, norms[2 * l + 1], d, dm->eps, wk.h + t * d);
-        product(w[4 * l + 2], wk.h, T, 2 * I, d, wk.gu, &wk, dm->path);
+        product(&w[4 * l + 2], wk.h, T, d, wk.gu, &wk, dm->path);
         double t6 = now();
         for (int64_t t = 0; t < T; t++) swiglu(wk.gu + t * 2 * I, wk.gu + t * 2 * I + I, I, wk.act + t * I, vec);
         double t7 = now();
-        product(w[4 * l + 3], wk.act, T, d, I, wk.tmp, &wk, dm->path);
+        product(&w[4 * l + 3], wk.act, T, I, wk.tmp, &wk, dm->path);
         for (int64_t i = 0; i < T * d; i++) x[i] = x[i] + wk.tmp[i];
         if (capture[2 * l + 1]) memcpy(captured + (n_cap++) * T * d, x, sizeof(float) * (size_t)(T * d));
         double t8 = now();
@@ -325,25 +374,38 @@ int llama_forward(const Dims *dm, int64_t n_layers, const uint8_t *const *w, con
     return ok ? 0 : -1;
 }
 
-/* The final norm and the head: logits [R, V] = head(rms(x[r]) * norm) for the R rows asked for; the head a Q8_0
-   matrix (`q8`: the GGUF's tied embedding) or a Q4 one. */
-int llama_head(const Dims *dm, const float *x, int64_t R, const float *norm, const uint8_t *head, int q8,
-               int64_t vocab, float *logits) {
+/* The final norm and the head: logits [R, V] = head(rms(x[r]) * norm) for the R rows asked for (`head`: one
+   matrix of any kind, e.g. the GGUF's Q8_0 tied embedding or its Q6_K output). */
+int llama_head(const Dims *dm, const float *x, int64_t R, const float *norm, const Mat *head, float *logits) {
     const int64_t d = dm->d;
     Work wk;
+    memset(&wk, 0, sizeof wk);
     wk.q8 = malloc((size_t)(R * d));
     wk.dx = malloc(sizeof(float) * (size_t)(R * d / 32));
     wk.sx = malloc(sizeof(float) * (size_t)(R * d / 32));
+    wk.qs = malloc(sizeof(int32_t) * (size_t)(R * d / 16));
     wk.h = malloc(sizeof(float) * (size_t)(R * d));
-    int ok = wk.q8 && wk.dx && wk.sx && wk.h;
+    int64_t vocab = 0;
+    for (int p = 0; p < head->parts; p++) vocab += head->n[p];
+    wk.part = head->parts > 1 ? malloc(sizeof(float) * (size_t)(R * vocab)) : NULL;
+    int ok = wk.q8 && wk.dx && wk.sx && wk.qs && wk.h && (head->parts == 1 || wk.part);
     double t0 = now();
     if (ok) {
         for (int64_t r = 0; r < R; r++) rms(x + r * d, norm, d, dm->eps, wk.h + r * d);
-        q4q8_quantize(wk.h, R, d, wk.q8, wk.dx, wk.sx);
-        if (q8) q8_matmul_quantized(head, wk.q8, wk.dx, R, vocab, d, logits, dm->path);
-        else q4q8_matmul_quantized(head, wk.q8, wk.dx, wk.sx, R, vocab, d, logits, dm->path);
+        product(head, wk.h, R, d, logits, &wk, dm->path);
     }
     prof[P_HEAD] += now() - t0;
-    free(wk.q8); free(wk.dx); free(wk.sx); free(wk.h);
+    free(wk.q8); free(wk.dx); free(wk.sx); free(wk.qs); free(wk.h); free(wk.part);
+    return ok ? 0 : -1;
+}
+
+/* One matrix product as the forward makes it (`product`): y [rows, sum of the parts' n]. For tests. */
+int llama_product(const Mat *m, const float *x, int64_t rows, int64_t k, float *y, int path) {
+    int64_t n = 0;
+    for (int p = 0; p < m->parts; p++) n += m->n[p];
+    Work wk;
+    int ok = work_alloc(&wk, rows, k, k, n, 8, n, n);
+    if (ok) product(m, x, rows, k, y, &wk, path);
+    work_free(&wk);
     return ok ? 0 : -1;
 }

@@ -223,17 +223,24 @@ static int have_vnni(void) {
     __builtin_cpu_init();
     return have_avx2() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 }
+static int have_vnni512(void) {
+    __builtin_cpu_init();
+    return have_vnni() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+}
 #else
 static int have_avx2(void) { return 0; }
 static int have_vnni(void) { return 0; }
+static int have_vnni512(void) { return 0; }
 #endif
 
-/* Paths: 1 portable, 2 AVX2, 3 AVX-512 VNNI (256-bit vpdpbusd). The integer block sums are exact on every path and
-   the float steps are the same, so all paths return the same bits. */
-static int best_path(void) { return have_vnni() ? 3 : have_avx2() ? 2 : 1; }
+/* Paths: 1 portable, 2 AVX2, 3 AVX-512 VNNI (256-bit vpdpbusd), 4 the same on 512-bit vectors where qx.c has them
+   (two column groups at once; q4q8's and q8's kernels take path 3 there). The integer block sums are exact on every
+   path and the float steps are the same, so all paths return the same bits. */
+static int best_path(void) { return have_vnni512() ? 4 : have_vnni() ? 3 : have_avx2() ? 2 : 1; }
 
 static int choose(int path) {
     if (path == 0) return best_path();
+    if (path == 4 && !have_vnni512()) return -2;
     if (path == 3 && !have_vnni()) return -2;
     if (path == 2 && !have_avx2()) return -2;
     return path;
@@ -249,7 +256,7 @@ int q4q8_matmul_quantized(const uint8_t *w, const int8_t *q8, const float *dx, c
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *wg = w + g * nb * BLOCK_BYTES;
 #ifdef __x86_64__
-        if (use == 3) { group_vnni(wg, nb, q8, dx, sx, rows, k, y, n, g); continue; }
+        if (use >= 3) { group_vnni(wg, nb, q8, dx, sx, rows, k, y, n, g); continue; }
         if (use == 2) { group_avx2(wg, nb, q8, dx, sx, rows, k, y, n, g); continue; }
 #endif
         group_scalar(wg, nb, q8, dx, sx, rows, k, y, n, g);
@@ -375,7 +382,7 @@ int q8_matmul_quantized(const uint8_t *w, const int8_t *q8, const float *dx, int
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *wg = w + g * nb * Q8_BLOCK_BYTES;
 #ifdef __x86_64__
-        if (use == 3) { q8_group_vnni(wg, nb, q8, dx, rows, k, y, n, g); continue; }
+        if (use >= 3) { q8_group_vnni(wg, nb, q8, dx, rows, k, y, n, g); continue; }
         if (use == 2) { q8_group_avx2(wg, nb, q8, dx, rows, k, y, n, g); continue; }
 #endif
         q8_group_scalar(wg, nb, q8, dx, rows, k, y, n, g);

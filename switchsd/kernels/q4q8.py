@@ -18,8 +18,9 @@ from .build import load
 QK = 32
 GROUP_COLS = 8
 BLOCK_BYTES = QK * GROUP_COLS // 2 + 2 * GROUP_COLS * 2
-PATHS = {"auto": 0, "portable": 1, "avx2": 2, "vnni": 3}     # vnni: AVX-512 VNNI (vpdpbusd on 256-bit vectors)
-PATH_NAMES = {1: "portable", 2: "avx2", 3: "vnni"}
+# vnni: AVX-512 VNNI (vpdpbusd on 256-bit vectors); vnni512: on 512-bit ones (qx.c's kernels; the others take vnni)
+PATHS = {"auto": 0, "portable": 1, "avx2": 2, "vnni": 3, "vnni512": 4}
+PATH_NAMES = {1: "portable", 2: "avx2", 3: "vnni", 4: "vnni512"}
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -132,6 +133,12 @@ class Q8Linear:
         d = w.abs().amax(-1) / 127                                                   # [N, K/32]
         q = torch.where(d[..., None] > 0, w / d[..., None].clamp_min(1e-30), 0).round().clamp(-127, 127)
         return cls(q.to(torch.int8).reshape(weight.shape), d.half(), path)
+
+    @classmethod
+    def fuse(cls, parts: list["Q8Linear"]) -> "Q8Linear":
+        """One matrix [W1; W2; ...]: outputs stacked; each output's arithmetic unchanged."""
+        return cls(torch.cat([p.codes for p in parts]), torch.cat([p.dw for p in parts]),
+                   next(k for k, v in PATHS.items() if v == parts[0].path))
 
     def dequantized(self) -> torch.Tensor:
         return self.dw.float().repeat_interleave(QK, 1) * self.codes.float()

@@ -106,7 +106,7 @@ def matmul_floor(lm: LoadedModel, rows: int = 1, repeats: int = 5, forward: str 
     warm-up."""
     q4q8 = getattr(lm.model, "_switchsd_q4q8", None)
     if q4q8 is not None and resolve_forward(lm.model, forward) == "lean":     # the q4q8 format's own products
-        fns = [m for layer in q4q8.layers for m in layer] + [q4q8.head]
+        fns = q4q8.mats
         shapes = [m.in_features for m in fns]
     elif resolve_forward(lm.model, forward) == "lean":
         from .lean import LeanLlama
@@ -265,7 +265,8 @@ def main(argv=None) -> None:
         hf_floor = None if int4.is_int4(lm.model) or own else matmul_floor(lm, 1, args.repeats, forward="hf")
         print(f"{name}: {kind} one-token forward {curve[1]:.2f} ms = {curve[1] / floor:.2f}x its matmul floor "
               f"({floor:.2f} ms: its linear layers alone" + (f"; transformers' F.linear on the same weights "
-              f"{hf_floor:.2f} ms" if hf_floor else "") + f", transformers' forward {one[attention[name]]:.2f} ms)")
+              f"{hf_floor:.2f} ms" if hf_floor else "") + (f", transformers' forward {one[attention[name]]:.2f} ms" if not own
+                                                      else "") + ")")
         path = save(lm, curve, args.prefix, args.ratio, kind)
         _report(lm, curve, args.ratio, path)
         results[name] = {"forward": kind, "curve_ms": curve, "path": str(path),

@@ -88,12 +88,6 @@ class Int8Head:
     fast = __call__
 
 
-def _reverse_permute(n_rows: int, n_head: int) -> torch.Tensor:
-    """The row order transformers' GGUF loader gives q/k (llama.cpp stores rotary halves interleaved)."""
-    idx = torch.arange(n_rows)
-    return idx.reshape(n_head, n_rows // n_head // 2, 2).transpose(1, 2).reshape(-1)
-
-
 class Int4Linear(torch.nn.Module):
     """y = x W^T with W held as 4-bit codes in groups of 32 (scale, zero per group), packed for the CPU kernel.
     Activations: float32 (exact scales) or bfloat16 / float16 (scales rounded to that dtype).
@@ -183,8 +177,9 @@ def swap_to_int4(model, gguf_path: str | Path, wide_rows: int = 32) -> int:
     """Replace every decoder layer's q/k/v/o/gate/up/down Linear of a Llama-architecture `model` (already loaded
     from the same GGUF, dense) by an Int4Linear from the GGUF's own Q4_0 / Q4_1 groups. Returns the number of
     matrices swapped; raises ValueError when a tensor is missing or not 4-bit, or the file does not match."""
-    from gguf import GGUFReader
-    tensors = {t.name: t for t in GGUFReader(str(gguf_path)).tensors}
+    from .ggufread import architecture, reader, rotary_rows
+    tensors = {t.name: t for t in reader(gguf_path).tensors}
+    arch = architecture(gguf_path)
     cfg = model.config
 
     def groups(i: int, attr: str, old):
@@ -197,9 +192,8 @@ def swap_to_int4(model, gguf_path: str | Path, wide_rows: int = 32) -> int:
         if kind not in ("Q4_0", "Q4_1"):
             raise ValueError(f"{name} is {kind}, not Q4_0 / Q4_1")
         codes, scale, zero = q4_groups(np.asarray(t.data), kind)
-        if short in ("attn_q", "attn_k"):
-            heads = cfg.num_attention_heads if short == "attn_q" else cfg.num_key_value_heads
-            perm = _reverse_permute(codes.shape[0], heads)
+        perm = rotary_rows(arch, short, codes.shape[0], cfg)
+        if perm is not None:
             codes, scale, zero = codes[perm], scale[perm], zero[perm]
         return codes, scale, zero
 

@@ -31,7 +31,9 @@ from .dense import Dense, attention_dtype
 from .int4 import Int4Linear
 from .scripted import ScriptedStep, _attend, _rms, _rotate
 
-SUPPORTED = ("llama", "mistral", "qwen2")
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+# rope types whose tables are inv_freq (and attention_scaling) alone, as transformers computes them
+ROPE_TYPES = ("default", "llama3", "linear", "yarn")
 MAX_FAST_ROWS = 32       # verify forwards are at most this wide; longer inputs are prefills
 ROW_EXACT_MAX = 32       # causal chains of up to this many rows on a cached prefix: attention row by row (CPU)
 TREE_EXACT_MAX = 16      # masked forwards (trees) of up to this many rows: each row over its own keys (CPU)
@@ -47,7 +49,7 @@ def supports(model) -> str | None:
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"activation {cfg.hidden_act!r}"
     rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
+    if rope.get("rope_type", rope.get("type", "default")) not in ROPE_TYPES:
         return f"rope type {rope.get('rope_type')!r}"
     if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True) is not False \
             and cfg.sliding_window < cfg.max_position_embeddings:
@@ -234,6 +236,9 @@ class LeanLlama:
         int4 = isinstance(self.layers[0][1], Int4Linear)
         self.att_dtype = attention_dtype(self.dtype, self.device) if int4 else self.dtype
         self.norm = inner.norm.weight
+        attn = inner.layers[0].self_attn
+        self.qk_norms = [n.weight for b in inner.layers for n in (b.self_attn.q_norm, b.self_attn.k_norm)] \
+            if hasattr(attn, "q_norm") else []                                      # Qwen3: [hd] each
         self.head = getattr(model, "_switchsd_int8_head", None) or _Linear([wb(model.lm_head)])
         self.inv_freq = inner.rotary_emb.inv_freq.float()                          # [hd/2]
         self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
@@ -259,6 +264,15 @@ class LeanLlama:
 
     def new_cache(self, capacity: int) -> StaticKVCache:
         return StaticKVCache(self.n_layers, self.kv_heads, self.head_dim, capacity, self.att_dtype, self.device)
+
+    def qk_normed(self, i: int, heads: torch.Tensor) -> torch.Tensor:
+        """heads [..., H + 2 KV, hd] -> q and k [..., H + KV, hd], each head RMS-normed first where the model does
+        (Qwen3's q_norm / k_norm)."""
+        H, KV = self.heads, self.kv_heads
+        if not self.qk_norms:
+            return heads[..., :H + KV, :]
+        qn, kn = self.qk_norms[2 * i], self.qk_norms[2 * i + 1]
+        return torch.cat([self._rms(heads[..., :H, :], qn), self._rms(heads[..., H:H + KV, :], kn)], -2)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         # transformers' arithmetic (normalise in float32, round, then scale), its mean as sum / d: one definition,
@@ -366,7 +380,7 @@ class LeanLlama:
         K, V = cache.k[:, 0], cache.v[:, 0]                                        # [L, KV, cap, hd]
         for i, (n1, qkv, *_) in enumerate(self.layers):
             heads = qkv(self._rms(x, n1)).view(T, H + 2 * KV, hd)                 # q, k, v heads
-            qk = self._rotate(heads[:, :H + KV], cos, sin)                          # q and k in one go
+            qk = self._rotate(self.qk_normed(i, heads), cos, sin)                   # q and k in one go
             q = qk[:, :H].transpose(0, 1)[None]                                     # [1, H, T, hd]
             Ki, Vi = K[i], V[i]                                                     # [KV, cap, hd]
             Ki[:, start:end] = qk[:, H:].transpose(0, 1)                            # [KV, T, hd]

@@ -17,6 +17,7 @@ import torch
 
 from .. import envs
 from .dense import cpu_has_native_bf16
+from .ggufread import architecture, forget, reader, shared
 from .int4 import available as int4_available
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -95,29 +96,97 @@ def dtype_choice_path(device: str) -> Path:
     return calibration_dir() / f"dtype-{device.split(':')[0]}.json"
 
 
-def auto_format(device: str, int4_ok: bool = False) -> str:
+def auto_format(device: str, gguf_formats: tuple[str, ...] = ()) -> str:
     """The format that decodes fastest on `device`: bfloat16 on CUDA; on a CPU what `python -m switchsd calibrate`
-    measured as fastest over the whole verify curve (a 4-bit format only for models loaded from a 4-bit GGUF,
-    `int4_ok`); uncalibrated, for such models q4q8 where its C kernels build (a C compiler), else int4 (both read
-    the GGUF's own 4-bit groups: docs/results.md has their curves beside llama.cpp's); for dense models bfloat16
-    on a CPU with native bf16 (AVX-512 BF16 / AMX), else float32 (emulated bf16 makes prefills several times
-    slower)."""
+    measured as fastest over the whole verify curve among the formats that read the model (`gguf_formats`: the
+    4-bit and q4q8 formats that read a GGUF file's own blocks, `readable_formats`); uncalibrated, q4q8 where it
+    reads the file and its C kernels build (a C compiler), else int4 where it reads it (docs/results.md has their
+    curves beside llama.cpp's); for dense models bfloat16 on a CPU with native bf16 (AVX-512 BF16 / AMX), else
+    float32 (emulated bf16 makes prefills several times slower)."""
     if device.startswith("cuda"):
         return "bfloat16"
     try:
         choice = json.loads(dtype_choice_path(device).read_text())
-        fastest = choice["fastest"] if int4_ok else choice.get("fastest_dense", choice["fastest"])
-        if fastest in DTYPES or (int4_ok and fastest in GGUF_FORMATS):
+        fastest = choice["fastest"] if gguf_formats else choice.get("fastest_dense", choice["fastest"])
+        if fastest in DTYPES or fastest in gguf_formats:
             return fastest
+        if fastest in GGUF_FORMATS and choice.get("fastest_dense") in DTYPES and Q4Q8 not in gguf_formats:
+            return choice["fastest_dense"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    if int4_ok:
+    if Q4Q8 in gguf_formats:
         from ..kernels.build import available
         if available("llama"):
             return Q4Q8
-        if int4_available():
-            return "int4"
+    if "int4" in gguf_formats and int4_available():
+        return "int4"
     return "bfloat16" if cpu_has_native_bf16() else "float32"
+
+
+MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def gguf_types(path: Path) -> dict[str, str]:
+    """{tensor name: block type} of the matrices a forward multiplies by (the layers' and the head: `output`, else
+    the tied `token_embd`). ModelLoadError with one line for a file that is not a readable GGUF."""
+    try:
+        tensors = reader(path).tensors
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AssertionError) as e:
+        raise ModelLoadError(f"{path.name} is not a readable GGUF file ({e.__class__.__name__}: {str(e)[:200]}); "
+                             "is it complete? (a truncated download reads so)") from e
+    types = {t.name: t.tensor_type.name for t in tensors}
+    head = "output.weight" if "output.weight" in types else "token_embd.weight"
+    return {n: k for n, k in types.items() if n == head or (n.startswith("blk.") and n.endswith(".weight")
+                                                          and n.split(".")[-2] in MATRICES)}
+
+
+def gguf_config(path: Path, source: str, extra: dict):
+    """transformers' config of a GGUF file, with the head size the file states (`<arch>.attention.key_length`;
+    transformers' reader leaves Qwen3's at its default 128 otherwise)."""
+    from transformers import AutoConfig
+    cfg = AutoConfig.from_pretrained(source, **extra)
+    fields = reader(path).fields
+    key = fields.get(f"{architecture(path)}.attention.key_length")
+    if key is not None and hasattr(cfg, "head_dim"):
+        cfg.head_dim = int(key.parts[key.data[0]][0])
+    return cfg
+
+
+def readable_formats(path: Path) -> tuple[str, ...]:
+    """The GGUF formats (`GGUF_FORMATS`) that read this file's own blocks: q4q8 every block type its C forward
+    reads (`kernels.qx.READABLE`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), the int4 formats Q4_0 / Q4_1
+    layers without biases only. An f16 / f32 file: none (it runs dense)."""
+    from ..kernels.qx import READABLE
+    from .lean import SUPPORTED
+    types = gguf_types(path)
+    if architecture(path) not in SUPPORTED:         # another architecture: transformers' forward, dense
+        return ()
+    layers = {k for n, k in types.items() if n.startswith("blk.")}
+    out = []
+    if types and set(types.values()) <= set(READABLE):
+        out.append(Q4Q8)
+    biased = any(t.name.endswith(".bias") for t in reader(path).tensors)     # Qwen2's q/k/v: int4 has no biases
+    if layers and layers <= {"Q4_0", "Q4_1"} and not biased:
+        out.extend(INT4)
+    return tuple(out)
+
+
+def unreadable(path: Path, fmt: str) -> str:
+    """Why `fmt` cannot read the GGUF at `path` (one line)."""
+    from ..kernels.qx import READABLE
+    from .lean import SUPPORTED
+    arch = architecture(path)
+    if arch not in SUPPORTED:
+        return (f"--dtype {fmt} runs the {', '.join(SUPPORTED)} architectures; {path.name} is {arch or 'unnamed'}: "
+                "use --dtype auto, float32 or bfloat16")
+    types = gguf_types(path)
+    ok = set(READABLE) if fmt == Q4Q8 else {"Q4_0", "Q4_1"}
+    bad = sorted({(k, n) for n, k in types.items() if k not in ok and (fmt == Q4Q8 or n.startswith("blk."))})
+    if not bad:
+        return ""
+    kinds = sorted({k for k, _ in bad})
+    return (f"--dtype {fmt} reads {', '.join(sorted(ok))} blocks; {path.name} has {', '.join(kinds)} "
+            f"(e.g. {bad[0][1]}): use --dtype auto, float32 or bfloat16")
 
 
 def auto_dtype(device: str) -> torch.dtype:
@@ -214,34 +283,44 @@ def load_model(name: str | None = None, dtype: str | torch.dtype | None = "auto"
     device = device or auto_device()
     name = name or DEFAULT_MODEL
     gguf = gguf_path(name) if gguf_model(name) else None
+    if gguf is not None and name != DEFAULT_MODEL and not gguf.exists():
+        raise ModelLoadError(f"GGUF file {name!r} does not exist")
+    formats = readable_formats(gguf) if gguf is not None and device == "cpu" and not device_map else ()
     if dtype in (None, "auto"):
-        dtype = auto_format(device, int4_ok=gguf is not None and not device_map)
+        dtype = auto_format(device, formats)
     torch_dtype = resolve_dtype(dtype, device)
     int4 = isinstance(dtype, str) and dtype in GGUF_FORMATS
     source = default_model_folder() if name == DEFAULT_MODEL else name
     if int4 and (gguf is None or device != "cpu" or device_map):
-        raise ModelLoadError(f"--dtype {dtype} runs a model's own 4-bit GGUF groups on CPU: pass the offline default "
-                             "or a .gguf file (Q4_0 / Q4_1), on --device cpu")
+        raise ModelLoadError(f"--dtype {dtype} runs a model's own GGUF blocks on CPU: pass the offline default "
+                             "or a .gguf file, on --device cpu")
+    if int4 and dtype not in formats:
+        raise ModelLoadError(unreadable(gguf, dtype))
     if str(source).startswith(("/", "./", "../", "~")) and not Path(source).expanduser().exists():
         raise ModelLoadError(f"model folder {name!r} does not exist")
     offline = os.environ.get("HF_HUB_OFFLINE") == "1"
     if gguf is not None and name != DEFAULT_MODEL:           # a .gguf file: transformers de-quantises it
-        if not gguf.exists():
-            raise ModelLoadError(f"GGUF file {name!r} does not exist")
         source = str(gguf.parent)
     try:
-        extra = {"gguf_file": gguf.name} if gguf is not None and name != DEFAULT_MODEL else {}
-        tok = AutoTokenizer.from_pretrained(source, **extra)
-        kwargs = {"dtype": torch_dtype, **extra}
-        if device_map:
-            kwargs["device_map"] = device_map
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        with shared():                                 # one parse of a GGUF's metadata for the whole load
+            extra = {"gguf_file": gguf.name} if gguf is not None and name != DEFAULT_MODEL else {}
+            tok = AutoTokenizer.from_pretrained(source, **extra)
+            kwargs = {"dtype": torch_dtype, **extra}
+            if extra:
+                kwargs["config"] = gguf_config(gguf, source, extra)
+            if device_map:
+                kwargs["device_map"] = device_map
+            if extra and dtype == Q4Q8:          # a user's file in its own blocks: no de-quantised copy of the matrices
+                from .skeleton import skeleton
+                model = skeleton(gguf, kwargs["config"])
+            else:
+                model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as e:
         hint = ("" if Path(str(source)).exists() else
                 " The Hugging Face Hub is unreachable from here" + (" (HF_HUB_OFFLINE=1)" if offline else "") +
                 f"; download it on a connected machine, or pass a local folder. Offline default: {DEFAULT_MODEL}.")
         raise ModelLoadError(f"cannot load model {name!r}: {e.__class__.__name__}: {str(e)[:300]}.{hint}") from e
-    if not device_map:
+    if not device_map and not getattr(model, "_switchsd_skeleton", False):
         model.to(device)
     attn = auto_attention(device, torch_dtype) if attention == "auto" else attention
     if attn != getattr(model.config, "_attn_implementation", None):
@@ -263,6 +342,9 @@ def load_model(name: str | None = None, dtype: str | torch.dtype | None = "auto"
         except ValueError as e:
             raise ModelLoadError(f"--dtype {dtype}: {e}") from e
         model._switchsd_format = dtype
+    from ..core.fingerprint import fingerprint
+    fingerprint(model, tok)                  # kept on the model: probes and heads are checked against it
+    forget()
     return LoadedModel(model=model, tokenizer=tok, name=name)
 
 

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from ..kernels.build import load
-from ..kernels.q4q8 import Q4Q8Linear, Q8Linear, check_path, gguf_blocks, gguf_q8_blocks
-from .int4 import _reverse_permute
+from ..kernels.q4q8 import Q4Q8Linear, Q8Linear, check_path
+from ..kernels.qx import READABLE, Linear, bytes_layout, fuse, gguf_linear, release
 from .lean import StaticKVCache, supports
 
 Site = tuple[int, str]
@@ -66,6 +66,31 @@ def rotary_tables(inv_freq: torch.Tensor, n: int, scale: float = 1.0) -> tuple[t
     return cos.contiguous(), torch.cat((-sin[:, :half], sin[:, half:]), -1).contiguous()
 
 
+KIND_Q4Q8, KIND_Q8, MAX_PARTS = -1, -2, 3
+
+
+class Mat(ctypes.Structure):
+    """llama.c's matrix: up to 3 parts of one block type each (outputs stacked), each with an optional bias."""
+    _fields_ = [("w", _P * MAX_PARTS), ("bias", _P * MAX_PARTS), ("n", _I * MAX_PARTS),
+                ("kind", ctypes.c_int32 * MAX_PARTS), ("parts", ctypes.c_int32)]
+
+
+def mat(parts: list[Linear], biases: list[torch.Tensor | None] | None = None) -> Mat:
+    """The C descriptor of `parts` (kept alive by the caller), biases float32 [n] per part or None."""
+    if not 1 <= len(parts) <= MAX_PARTS:
+        raise ValueError(f"a matrix takes 1 to {MAX_PARTS} parts, got {len(parts)}")
+    biases = biases or [None] * len(parts)
+    m = Mat()
+    for i, (p, b) in enumerate(zip(parts, biases)):
+        m.w[i] = p.packed.data_ptr()
+        m.bias[i] = None if b is None else b.data_ptr()
+        m.n[i] = p.out_features
+        m.kind[i] = KIND_Q4Q8 if isinstance(p, Q4Q8Linear) else KIND_Q8 if isinstance(p, Q8Linear) else p.kind
+        # F16Linear's kind: -3 (F16) or -4 (BF16); QxLinear's: its flags
+    m.parts = len(parts)
+    return m
+
+
 class Dims(ctypes.Structure):
     _fields_ = [("d", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("inter", _I),
                 ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("path", ctypes.c_int)]
@@ -74,10 +99,10 @@ class Dims(ctypes.Structure):
 def _lib() -> ctypes.CDLL:
     lib = load("llama")
     if not getattr(lib, "_typed", False):
-        lib.llama_forward.argtypes = [ctypes.POINTER(Dims), _I, _P, _P, _P, _I, _P, _P, _I, _I, _P, _P, _P, _P, _P, _P,
-                                      _P, _P]
+        lib.llama_forward.argtypes = [ctypes.POINTER(Dims), _I, _P, _P, _P, _P, _I, _P, _P, _I, _I, _P, _P, _P, _P, _P,
+                                      _P, _P, _P]
         lib.llama_forward.restype = ctypes.c_int
-        lib.llama_head.argtypes = [ctypes.POINTER(Dims), _P, _I, _P, _P, ctypes.c_int, _I, _P]
+        lib.llama_head.argtypes = [ctypes.POINTER(Dims), _P, _I, _P, ctypes.POINTER(Mat), _P]
         lib.llama_head.restype = ctypes.c_int
         lib._typed = True
     return lib
@@ -87,7 +112,8 @@ class Q4Q8Llama:
     """The target's forward in the q4q8 format (one C call per forward, one for the head)."""
     kind = "q4q8"
 
-    def __init__(self, model, layers: list[list[Q4Q8Linear]], head: Q4Q8Linear | Q8Linear, path: str = "auto"):
+    def __init__(self, model, layers: list[list[list[Linear]]], head: list[Linear] | Linear, path: str = "auto"):
+        """layers: per layer the parts of q|k|v, o, gate|up and down (each a list of products, outputs stacked)."""
         why = supports(model)
         if why:
             raise ValueError(f"the q4q8 forward does not support this model: {why}")
@@ -98,55 +124,79 @@ class Q4Q8Llama:
         if self.head_dim > 512 or self.head_dim % 8:
             raise ValueError(f"q4q8: head_dim {self.head_dim} unsupported (a multiple of 8, at most 512)")
         self.dtype, self.device, self.att_dtype = torch.float32, torch.device("cpu"), torch.float32
-        self.layers, self.head, self.vocab = layers, head, head.out_features
+        head = head if isinstance(head, list) else [head]
+        self.layers, self.head, self.vocab = layers, head, sum(p.out_features for p in head)
         self.dims = Dims(cfg.hidden_size, self.heads, self.kv_heads, self.head_dim, cfg.intermediate_size,
                          float(cfg.rms_norm_eps), float(self.head_dim ** -0.5), check_path(path))
-        f32 = lambda t: t.detach().float().contiguous()                             # noqa: E731
+        f32 = lambda t: None if t is None else t.detach().float().contiguous()     # noqa: E731
         self.embed = f32(inner.embed_tokens.weight)                                  # [V, d]
         self.norms = [f32(w) for layer in inner.layers for w in (layer.input_layernorm.weight,
                                                                   layer.post_attention_layernorm.weight)]
+        norm_of = lambda a, name: f32(getattr(getattr(a, name, None), "weight", None))     # noqa: E731
+        self.qk_norms = [norm_of(layer.self_attn, n) for layer in inner.layers for n in ("q_norm", "k_norm")]
+        bias = lambda lin: f32(getattr(lin, "bias", None))                         # noqa: E731
+        self.biases = [[bias(a.q_proj), bias(a.k_proj), bias(a.v_proj)] for a in (b.self_attn for b in inner.layers)]
         self.norm = f32(inner.norm.weight)
-        self._w = (_P * (4 * self.n_layers))(*[m.packed.data_ptr() for layer in layers for m in layer])
+        self._mats = (Mat * (4 * self.n_layers))(*[
+            mat(parts, self._part_biases(parts, self.biases[i]) if j == 0 else None)
+            for i, layer in enumerate(layers) for j, parts in enumerate(layer)])
+        self._head = mat(head)
         self._n = (_P * (2 * self.n_layers))(*[t.data_ptr() for t in self.norms])
+        self._qk = (_P * (2 * self.n_layers))(*[0 if t is None else t.data_ptr() for t in self.qk_norms])
         self.inv_freq = inner.rotary_emb.inv_freq.float().cpu()
         self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
         self._cos = self._sin = None
         self._flags: dict[tuple, tuple[list[Site], torch.Tensor]] = {}
         self.lib = _lib()
 
+    def _part_biases(self, parts: list[Linear], qkv: list[torch.Tensor | None]) -> list[torch.Tensor | None] | None:
+        """q, k, v biases (Qwen2) regrouped to the fused parts of q|k|v; None where the model has none."""
+        if all(b is None for b in qkv):
+            return None
+        sizes = [self.heads * self.head_dim] + 2 * [self.kv_heads * self.head_dim]
+        flat = torch.cat([torch.zeros(n) if b is None else b for b, n in zip(qkv, sizes)])
+        self._bias_keep = getattr(self, "_bias_keep", []) + [flat]
+        out, at = [], 0
+        for p in parts:
+            out.append(flat[at:at + p.out_features].contiguous())
+            at += p.out_features
+        self._bias_keep += out
+        return out
+
+    @property
+    def mats(self) -> list[Linear]:
+        """Every product of the forward and the head (for timing)."""
+        return [p for layer in self.layers for parts in layer for p in parts] + list(self.head)
+
     @classmethod
     def from_gguf(cls, model, gguf_path: str | Path, path: str = "auto") -> "Q4Q8Llama":
-        from gguf import GGUFReader
-        tensors = {t.name: t for t in GGUFReader(str(gguf_path)).tensors}
+        """The GGUF's own blocks, whatever their type (`kernels.qx.READABLE`); ValueError naming what it cannot read."""
+        from .ggufread import architecture, reader, rotary_rows
+        tensors = {t.name: t for t in reader(gguf_path).tensors}
+        arch = architecture(gguf_path)
         cfg = model.config
+        as_bytes = bytes_layout()
 
-        def mat(name: str) -> Q4Q8Linear:
+        def linear(name: str) -> Linear:
             t = tensors.get(name)
             if t is None:
-                raise ValueError(f"{gguf_path}: no tensor {name}")
-            if t.tensor_type.name not in ("Q4_0", "Q4_1"):
-                raise ValueError(f"{name} is {t.tensor_type.name}, not Q4_0 / Q4_1")
-            codes, dw, mw = gguf_blocks(np.asarray(t.data), t.tensor_type.name)
-            short = name.split(".")[2]
-            if short in ("attn_q", "attn_k"):            # llama.cpp stores the rotary halves interleaved
-                perm = _reverse_permute(codes.shape[0], cfg.num_attention_heads if short == "attn_q"
-                                        else cfg.num_key_value_heads)
-                codes, dw, mw = codes[perm], dw[perm], mw[perm]
-            return Q4Q8Linear(codes, dw, mw, path)
+                raise ValueError(f"{Path(gguf_path).name}: no tensor {name}")
+            kind = t.tensor_type.name
+            if kind not in READABLE:
+                raise ValueError(f"{name} is {kind}; the C forward reads {', '.join(READABLE)}")
+            raw = np.asarray(t.data)
+            perm = rotary_rows(arch, name.split(".")[-2], raw.shape[0], cfg)
+            if perm is not None:
+                raw = raw[perm]
+            return gguf_linear(raw, kind, path, as_bytes)
 
-        layers = [[Q4Q8Linear.fuse([mat(f"blk.{i}.{p}.weight") for p in parts]) if len(parts) > 1
-                   else mat(f"blk.{i}.{parts[0]}.weight") for parts in PROJ] for i in range(cfg.num_hidden_layers)]
-        t = tensors.get("output.weight") or tensors.get("token_embd.weight")
-        if t is None:
-            raise ValueError(f"{gguf_path}: no output or token_embd tensor for the head")
-        kind = t.tensor_type.name
-        if kind == "Q8_0":
-            head = Q8Linear(*gguf_q8_blocks(np.asarray(t.data)), path)
-        elif kind in ("Q4_0", "Q4_1"):
-            head = Q4Q8Linear(*gguf_blocks(np.asarray(t.data), kind), path)
-        else:
-            raise ValueError(f"the head is {kind}; q4q8 reads Q8_0, Q4_0 or Q4_1")
-        return cls(model, layers, head, path)
+        layers = [[fuse([linear(f"blk.{i}.{p}.weight") for p in parts]) for parts in PROJ]
+                  for i in range(cfg.num_hidden_layers)]
+        name = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+        fwd = cls(model, layers, [linear(name)], path)
+        for p in fwd.mats:          # the packed blocks stay; their unpacked copies would hold ~1 byte a weight more
+            release(p)
+        return fwd
 
     @classmethod
     def quantized(cls, model, path: str = "auto") -> "Q4Q8Llama":
@@ -154,15 +204,15 @@ class Q4Q8Llama:
         own, for tests on tiny random models."""
         from .int4 import quantize_groups
 
-        def mat(*linears) -> Q4Q8Linear:
+        def mat_(*linears) -> list[Q4Q8Linear]:
             parts = []
             for lin in linears:
                 codes, d, zero = quantize_groups(lin.weight.detach().float())
                 parts.append(Q4Q8Linear(codes, d.half(), (zero - 8 * d).half(), path))
-            return Q4Q8Linear.fuse(parts) if len(parts) > 1 else parts[0]
-        layers = [[mat(b.self_attn.q_proj, b.self_attn.k_proj, b.self_attn.v_proj), mat(b.self_attn.o_proj),
-                   mat(b.mlp.gate_proj, b.mlp.up_proj), mat(b.mlp.down_proj)] for b in model.model.layers]
-        return cls(model, layers, mat(model.lm_head), path)
+            return fuse(parts)
+        layers = [[mat_(b.self_attn.q_proj, b.self_attn.k_proj, b.self_attn.v_proj), mat_(b.self_attn.o_proj),
+                   mat_(b.mlp.gate_proj, b.mlp.up_proj), mat_(b.mlp.down_proj)] for b in model.model.layers]
+        return cls(model, layers, mat_(model.lm_head), path)
 
     def _chunked(self, ids, cache, sites, logit_rows):
         logits, caps = [], []
@@ -235,7 +285,7 @@ class Q4Q8Llama:
         captured = torch.empty(len(want), N, self.dims.d)
         x = self.embed[ids].contiguous()                                              # [N, d]
         slot, wpos = slot.to(torch.int32).contiguous(), wpos.to(torch.int32).contiguous()
-        rc = self.lib.llama_forward(ctypes.byref(self.dims), self.n_layers, self._w, self._n, x.data_ptr(), N,
+        rc = self.lib.llama_forward(ctypes.byref(self.dims), self.n_layers, self._mats, self._n, self._qk, x.data_ptr(), N,
                                     k.data_ptr(), v.data_ptr(), k.shape[1], k.shape[3], slot.data_ptr(),
                                     wpos.data_ptr(), cos.data_ptr(), sin.data_ptr(), off.data_ptr(), keys.data_ptr(),
                                     flags.data_ptr(), captured.data_ptr())
@@ -258,8 +308,7 @@ class Q4Q8Llama:
         x = x.contiguous()
         logits = torch.empty(x.shape[0], self.vocab)
         rc = self.lib.llama_head(ctypes.byref(self.dims), x.data_ptr(), x.shape[0], self.norm.data_ptr(),
-                                 self.head.packed.data_ptr(), isinstance(self.head, Q8Linear), self.vocab,
-                                 logits.data_ptr())
+                                 ctypes.byref(self._head), logits.data_ptr())
         if rc:
             raise MemoryError("q4q8 head: out of memory")
         return logits

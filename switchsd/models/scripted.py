@@ -79,7 +79,8 @@ def decode_layers(x: torch.Tensor, norms: List[torch.Tensor], kinds: List[int], 
                   bs: List[Optional[torch.Tensor]], K: List[torch.Tensor], V: List[torch.Tensor], cos: torch.Tensor,
                   sin: torch.Tensor, start: int, H: int, KV: int, hd: int, eps: float, scale: float, gqa: bool,
                   want: List[bool], mask: Optional[torch.Tensor], causal: bool, row_n: List[int],
-                  row_idx: List[Optional[torch.Tensor]], exact: int) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+                  row_idx: List[Optional[torch.Tensor]], exact: int, qk_norms: List[torch.Tensor]
+                  ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
     """Every decoder layer for the rows x [T, d] at positions start..start+T. Per layer i: norms [2i, 2i+1];
     matrices 4i.. (q|k|v, o, gate|up, down) as (kinds, ws, bs); K[i], V[i] [KV, capacity, hd], written at the
     rows' positions; cos, sin [T, 1, hd]; attention as `_attend`. Returns x and the residual streams where
@@ -90,7 +91,11 @@ def decode_layers(x: torch.Tensor, norms: List[torch.Tensor], kinds: List[int], 
     for i in range(len(K)):
         j = 4 * i
         heads = _product(_rms(x, norms[2 * i], eps), kinds[j], ws[j], bs[j]).view(T, H + 2 * KV, hd)
-        qk = heads[:, :H + KV]
+        if len(qk_norms) > 0:                             # Qwen3: each q and k head RMS-normed (LeanLlama.qk_normed)
+            qk = torch.cat([_rms(heads[:, :H], qk_norms[2 * i], eps), _rms(heads[:, H:H + KV], qk_norms[2 * i + 1], eps)],
+                           -2)
+        else:
+            qk = heads[:, :H + KV]
         qk = _rotate(qk, cos, sin)
         Ki, Vi = K[i], V[i]                               # in the attention dtype (`dense.attention_dtype`)
         q = qk[:, :H].transpose(0, 1)[None].to(Ki.dtype)                                  # [1, H, T, hd]
@@ -165,4 +170,4 @@ class ScriptedStep:
         return _SCRIPT[0](x, self.norms, self.kinds, self.ws, self.bs, list(cache.k[:, 0].unbind(0)),
                        list(cache.v[:, 0].unbind(0)), cos, sin, start, lean.heads, lean.kv_heads, lean.head_dim,
                        float(lean.eps), float(lean.scale), lean.groups > 1, want, mask, True, row_n, row_idx,
-                       rows.exact if rows is not None else 0)
+                       rows.exact if rows is not None else 0, lean.qk_norms)

@@ -127,7 +127,7 @@ def batched_forward(lean: LeanLlama, ids: torch.Tensor, cache: BatchedKV, pos: t
     H, KV, hd = lean.heads, lean.kv_heads, lean.head_dim
     for i, (n1, qkv, *_) in enumerate(lean.layers):
         heads = qkv(lean._rms(x, n1)).view(b, T, H + 2 * KV, hd)
-        qk = lean._rotate(heads[:, :, :H + KV], cos, sin)
+        qk = lean._rotate(lean.qk_normed(i, heads), cos, sin)
         q = qk[:, :, :H].transpose(1, 2)                                         # [b, H, T, hd]
         # the cache holds the attention's dtype (`LeanLlama.att_dtype`: float32 for int4 where bf16 is emulated)
         cache.k[i][rr, :, pp] = qk[:, :, H:].to(cache.k.dtype)                   # [b, T, KV, hd]

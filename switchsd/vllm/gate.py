@@ -98,6 +98,7 @@ class Gate:
         self.costs = PathCosts(half_life=half_life or None)     # 0: the acceptance record never forgets
         self.logits = torch.zeros(max_tokens)                  # [tokens of the last target forward]
         self.aux: int | None = None                            # EAGLE-3 feature block the probe reads (mlp site)
+        self.capture_checked = False                           # `check_capture`, at the first step
         self.counts = {"steps": 0, "copy": 0, "neural": 0, "none": 0, "none_chain": 0,   # none though a chain was there
                        "copy_tokens": 0, "copy_backoff": 0,
                        "eagle_steps": 0, "eagle_skipped": 0,   # engine steps with / without EAGLE-3's forward
@@ -245,13 +246,32 @@ def env(name: str):
         raise GateError(str(e)) from None
 
 
-def aux_layers(target) -> tuple[int, ...]:
-    """The layer ids whose inputs vLLM's EAGLE-3 path captures (id i: the output of layer i - 1)."""
+def captured(target) -> tuple[int, ...]:
+    """The layer ids whose inputs vLLM's EAGLE-3 path captures (id i: the output of layer i - 1); () for none."""
     inner = getattr(target, "model", target)
-    layers = getattr(inner, "aux_hidden_state_layers", None)
+    return tuple(int(x) for x in getattr(inner, "aux_hidden_state_layers", None) or ())
+
+
+def aux_layers(target) -> tuple[int, ...]:
+    """`captured`, which an 'mlp' probe needs."""
+    layers = captured(target)
     if not layers:
         raise GateError("an 'mlp' probe reads EAGLE-3's captured layer outputs, and this target captures none")
-    return tuple(int(x) for x in layers)
+    return layers
+
+
+def check_capture(target, num_layers: int, head_ids) -> None:
+    """vLLM captures each distinct layer id in 0..num_layers once and hands EAGLE-3 their concatenation: a head whose
+    ids (`eagle_aux_hidden_state_layer_ids`; None: vLLM's three defaults) repeat or fall outside would get fewer
+    hidden states than its fc takes, and vLLM's proposer would fail at the first neural step (which the gate may
+    reach late, by measured times). Checked at the first step instead, with what to change."""
+    ids = list(captured(target))
+    wanted = len(head_ids) if head_ids is not None else 3
+    if len(ids) != wanted or any(not 0 <= i <= num_layers for i in ids):
+        named = f"its eagle_aux_hidden_state_layer_ids {list(head_ids)}" if head_ids is not None else "vLLM's default ids"
+        raise GateError(f"the EAGLE-3 head takes {wanted} hidden states ({named}), and vLLM captures layers {ids} of "
+                        f"this {num_layers}-layer model (each id in 0..{num_layers} once): give the head {wanted} "
+                        f"distinct ids in 0..{num_layers}")
 
 
 def aux_block(layer: int, aux: tuple[int, ...]) -> int:
@@ -332,6 +352,11 @@ def install(probe_path: str) -> None:
                       next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
                       *args, **kwargs):
         gate = getattr(self, "_switchsd_gate", None)
+        if gate is not None and not gate.capture_checked:       # vLLM sets the captured layers after load_model
+            draft = self.vllm_config.speculative_config.draft_model_config.hf_config
+            check_capture(gate.target, int(self.vllm_config.model_config.hf_config.num_hidden_layers),
+                          getattr(draft, "eagle_aux_hidden_state_layer_ids", None))
+            gate.capture_checked = True
         if gate is None or num_speculative_tokens == 0:
             return propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                            next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
