@@ -62,6 +62,10 @@ VARS: dict[str, Env] = {e.name: e for e in (
         "library"),
     Env("SWITCHSD_CC", str, None, "the C compiler for the kernels (default: cc, gcc or clang on PATH)", "library"),
     Env("SWITCHSD_SCRIPTED", _flag, True, "0: run the lean CPU forward without its TorchScript step", "library"),
+    Env("SWITCHSD_AMX", _flag, True, "0: never use the AMX tile path (on a CPU with AMX it runs the GGUF K types' "
+        "multi-row products once a self-test in a child process matched the other paths bit for bit)", "library"),
+    Env("SWITCHSD_AMX_SELF_TEST", _flag, False, "set by SwitchSD in the AMX self-test's own child process (where "
+        "the tiles run untested)", "library"),
     Env("SWITCHSD_QX_BYTES", _flag, False, "1: K-type GGUF codes as whole bytes (no unpacking: cheaper wide verify "
         "rows, dearer one-row steps; for models that fit the cache)", "library"),
     # the vLLM plugin (switchsd/vllm)

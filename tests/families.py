@@ -16,6 +16,7 @@ from transformers import (
 )
 
 from switchsd.kernels import qx
+from switchsd.kernels.qx import BLOCKS, random_blocks  # noqa: F401  (gguf_files takes them from here)
 from switchsd.models.q4q8 import Q4Q8Llama
 
 VOCAB, EOS = 64, 1
@@ -58,29 +59,7 @@ def make_family(name: str, seed: int = 0, dtype=torch.float64):
     return model
 
 
-BLOCKS = {"Q4_0": (18, 32, [0]), "Q4_1": (20, 32, [0, 2]), "Q5_0": (22, 32, [0]), "Q5_1": (24, 32, [0, 2]),
-          "Q8_0": (34, 32, [0]), "Q4_K": (144, 256, [0, 2]), "Q5_K": (176, 256, [0, 2]), "Q6_K": (210, 256, [208])}
-SCALE = {"Q4_0": 2e-2, "Q4_1": 2e-2, "Q5_0": 1e-2, "Q5_1": 1e-2, "Q8_0": 2e-3, "Q4_K": 1e-3, "Q5_K": 5e-4,
-         "Q6_K": 2e-4}
-
-
 FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
-
-
-def random_blocks(kind: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Random valid GGUF blocks of `kind` for an [n, k] matrix (raw uint8 [n, row bytes]), weights of order 0.1."""
-    size, per, halves = BLOCKS[kind]
-    b = rng.integers(0, 256, size=(n, k // per, size), dtype=np.uint8)
-    for at in halves:
-        d = (rng.uniform(0.5, 1.0, size=(n, k // per)) * SCALE[kind]).astype(np.float16)
-        if kind in ("Q4_1", "Q5_1") and at == 2:
-            d = -d * 8                                   # the min: centre the weights
-        if kind in ("Q4_K", "Q5_K") and at == 2:
-            d = d * 0.25                                 # dmin * m: about half the codes' range (centred)
-        b[..., at:at + 2] = d.view(np.uint8).reshape(n, k // per, 2)
-    if kind == "Q8_0":
-        b[..., 2:] = np.where(b[..., 2:] == 128, 129, b[..., 2:])
-    return b.reshape(n, -1)
 
 
 def gguf_forward(model, kinds) -> Q4Q8Llama:

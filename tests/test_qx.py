@@ -11,19 +11,7 @@ gguf = pytest.importorskip("gguf")
 
 
 def random_blocks(kind: str, n: int, k: int, seed: int = 0) -> np.ndarray:
-    """Random valid GGUF blocks of type `kind` for an [n, k] matrix: random bytes, float16 scales set to sane values."""
-    _, size, per = qx.TYPES[kind] if kind in qx.TYPES else {"Q8_0": (0, 34, 32), "Q4_0": (0, 18, 32),
-                                                             "Q4_1": (0, 20, 32)}[kind]
-    rng = np.random.default_rng(seed)
-    b = rng.integers(0, 256, size=(n, k // per, size), dtype=np.uint8)
-    where = {"Q5_0": [0], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "Q8_0": [0], "Q4_0": [0],
-             "Q4_1": [0, 2]}[kind]
-    for at in where:
-        b[..., at:at + 2] = (rng.uniform(0.5, 2.0, size=(n, k // per)) * 1e-3).astype(np.float16).view(np.uint8) \
-            .reshape(n, k // per, 2)
-    if kind == "Q8_0":
-        b[..., 2:] = np.where(b[..., 2:] == 128, 129, b[..., 2:])                 # Q8_0 codes are -127..127
-    return b.reshape(n, -1)
+    return qx.random_blocks(kind, n, k, np.random.default_rng(seed))
 
 
 @pytest.mark.parametrize("kind", sorted(qx.TYPES))
@@ -35,8 +23,19 @@ def test_decode_equals_gguf_dequantisation(kind):
     assert ours.dtype == np.float32 and np.array_equal(ours, theirs.astype(np.float32))
 
 
+@pytest.fixture
+def tiles_from_one_row():
+    """Path 5 (AMX, where the CPU has it and its self-test passed) on the tiles at every row count, not only from the
+    row count where they are faster."""
+    from switchsd.kernels.build import amx_rows
+    if amx_rows():
+        qx._lib().kernels_amx_allow(1)
+    yield
+    qx._lib().kernels_amx_allow(amx_rows())
+
+
 @pytest.mark.parametrize("kind", sorted(qx.TYPES))
-def test_product_equals_reference_and_one_row_calls(kind):
+def test_product_equals_reference_and_one_row_calls(kind, tiles_from_one_row):
     n, k = 24, 512
     raw = random_blocks(kind, n, k, seed=1)
     codes, dw, mw = qx.decode(raw, kind)
@@ -83,3 +82,29 @@ def test_f16_product_equals_reference_and_one_row_calls(bf16):
         assert np.array_equal(y.numpy(), want), path
         assert torch.equal(torch.cat([lin(x[r:r + 1]) for r in range(9)]), y)
     assert torch.equal(lin.dequantized(), w.float())
+
+
+def test_a_faulting_amx_self_test_keeps_the_vector_paths(tmp_path, monkeypatch):
+    """The AMX path runs only after its self-test in a child process matched the vector path: a child that dies on a
+    fault (here a stand-in killed by SIGSEGV) leaves the tiles off, with the reason kept beside the kernels."""
+    import ctypes
+
+    from switchsd.kernels import build
+    monkeypatch.setenv("SWITCHSD_KERNEL_DIR", str(tmp_path))
+    if not ctypes.CDLL(str(build._build("q4q8"))).kernels_amx_unit():
+        pytest.skip("this CPU has no AMX tiles")
+    faulting = tmp_path / "python"
+    faulting.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    faulting.chmod(0o755)
+    python = build.sys.executable
+    monkeypatch.setattr(build.sys, "executable", str(faulting))
+    assert build.amx_rows.__wrapped__() == 0
+    [verdict] = tmp_path.glob("amx-*.txt")
+    assert verdict.read_text().startswith("failed") and "exit -11" in verdict.read_text()
+    lib = ctypes.CDLL(str(build._build("q4q8")))
+    lib.kernels_amx_allow(build.amx_rows.__wrapped__())
+    assert not lib.q4q8_path_ok(5) and lib.q4q8_best_path() == 4
+    monkeypatch.setattr(build.sys, "executable", python)
+    verdict.unlink()
+    build.amx_rows.__wrapped__()
+    assert verdict.read_text().startswith("rows ")                   # the real self-test passes on this CPU

@@ -13,6 +13,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -41,15 +42,58 @@ def compiler() -> str:
     return cc
 
 
-@lru_cache(maxsize=None)
-def load(name: str) -> ctypes.CDLL:
-    """The compiled kernel library `name` (switchsd/kernels/<name>.c), built on first use."""
-    src = HERE / f"{name}.c"
+def _key(*parts: bytes) -> str:
     cc = compiler()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     sources = b"".join(f.read_bytes() for f in sorted(HERE.glob("*.c")))       # a kernel may include another
-    key = hashlib.sha256(src.read_bytes() + sources + repr((version, FLAGS)).encode()).hexdigest()[:16]
-    out = cache_dir() / f"{name}-{key}.so"
+    return hashlib.sha256(b"".join(parts) + sources + repr((version, FLAGS)).encode()).hexdigest()[:16]
+
+
+@lru_cache(maxsize=None)
+def load(name: str) -> ctypes.CDLL:
+    """The compiled kernel library `name` (switchsd/kernels/<name>.c), built on first use; its AMX path (5) allowed
+    where `amx_rows()`."""
+    lib = ctypes.CDLL(str(_build(name)))
+    if hasattr(lib, "kernels_amx_allow"):
+        lib.kernels_amx_allow(amx_rows())
+    return lib
+
+
+@lru_cache(maxsize=None)
+def amx_rows() -> int:
+    """From how many rows the kernels multiply on AMX tiles; 0: never. Tiles only where this CPU has them,
+    SWITCHSD_AMX is not 0, and a self-test in a child process (`python -m switchsd.kernels.amxcheck`: a fault there
+    kills the child, not this process) gave the same bits as the vector path, then timed both: the row count from
+    which the tiles are faster. The verdict is kept beside the built kernels, one per CPU model and source."""
+    if not envs.get("SWITCHSD_AMX"):
+        return 0
+    if envs.get(_CHILD):
+        return 1
+    if not ctypes.CDLL(str(_build("q4q8"))).kernels_amx_unit():
+        return 0
+    cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "")
+    verdict = cache_dir() / f"amx-{_key(cpu.encode())}.txt"
+    if not verdict.exists():
+        try:
+            r = subprocess.run([sys.executable, "-m", "switchsd.kernels.amxcheck"], capture_output=True, text=True,
+                               env={**os.environ, _CHILD: "1"}, timeout=300)
+            said = r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else \
+                f"failed: {(r.stdout + r.stderr).strip()[-300:]} (exit {r.returncode})"
+        except subprocess.TimeoutExpired:
+            said = "failed: the self-test ran past 300 s"
+        verdict.parent.mkdir(parents=True, exist_ok=True)
+        verdict.write_text(said + "\n")
+    said = verdict.read_text().split()
+    return int(said[1]) if len(said) == 2 and said[0] == "rows" and said[1].isdigit() else 0
+
+
+_CHILD = "SWITCHSD_AMX_SELF_TEST"    # set in the self-test's own process: the tiles are tried there, not tested
+
+
+def _build(name: str) -> Path:
+    src = HERE / f"{name}.c"
+    cc = compiler()
+    out = cache_dir() / f"{name}-{_key(src.read_bytes())}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
@@ -58,7 +102,7 @@ def load(name: str) -> ctypes.CDLL:
             if r.returncode:
                 raise BuildError(f"building {src.name} with {cc} failed:\n{r.stderr[-4000:]}")
             os.replace(tmp_out, out)          # atomic: a concurrent build never loads a half-written file
-    return ctypes.CDLL(str(out))
+    return out
 
 
 def available(name: str = "llama") -> bool:

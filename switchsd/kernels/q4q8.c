@@ -23,6 +23,9 @@ vector is 4 consecutive codes of one output, which vpmaddubsw multiplies by 4 br
 #include <string.h>
 #ifdef __x86_64__
 #include <immintrin.h>
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #define QK 32
@@ -227,19 +230,44 @@ static int have_vnni512(void) {
     __builtin_cpu_init();
     return have_vnni() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
 }
+
+/* AMX-INT8 (qx_amx.c's tile products): the CPU has it and the kernel lets this process use the tiles (asked once). */
+static int have_amx_unit(void) {
+    static int state = -1;
+    if (state < 0) {
+        unsigned a, b, c, d;
+        state = 0;
+        if (have_vnni512() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1))
+            state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+    }
+    return state;
+}
 #else
 static int have_avx2(void) { return 0; }
 static int have_vnni(void) { return 0; }
 static int have_vnni512(void) { return 0; }
+static int have_amx_unit(void) { return 0; }
 #endif
+/* Path 5 runs only once Python's self-test allowed it (kernels_amx_allow), and takes the tiles from amx_rows rows up
+   (the self-test measured where the tiles overtake the vectors: the store of each block's sums out of the tiles has a
+   fixed cost that only several rows pay back). */
+static int amx_rows = 0;
+static int have_amx(void) { return amx_rows > 0 && have_amx_unit(); }
+
+/* 1 if the tile unit can run here (before any self-test); rows > 0 enables path 5 in this library, tiles from that
+   many rows up, 0 disables it. */
+int kernels_amx_unit(void) { return have_amx_unit(); }
+void kernels_amx_allow(int rows) { amx_rows = have_amx_unit() && rows > 0 ? rows : 0; }
 
 /* Paths: 1 portable, 2 AVX2, 3 AVX-512 VNNI (256-bit vpdpbusd), 4 the same on 512-bit vectors where qx.c has them
-   (two column groups at once; q4q8's and q8's kernels take path 3 there). The integer block sums are exact on every
-   path and the float steps are the same, so all paths return the same bits. */
-static int best_path(void) { return have_vnni512() ? 4 : have_vnni() ? 3 : have_avx2() ? 2 : 1; }
+   (two column groups at once; q4q8's and q8's kernels take path 3 there), 5 path 4 with qx.c's multi-row products on
+   AMX tiles (qx_amx.c; every other product as path 4). The integer block sums are exact on every path and the float
+   steps are the same, so all paths return the same bits. */
+static int best_path(void) { return have_amx() ? 5 : have_vnni512() ? 4 : have_vnni() ? 3 : have_avx2() ? 2 : 1; }
 
 static int choose(int path) {
     if (path == 0) return best_path();
+    if (path == 5 && !have_amx()) return -2;
     if (path == 4 && !have_vnni512()) return -2;
     if (path == 3 && !have_vnni()) return -2;
     if (path == 2 && !have_avx2()) return -2;

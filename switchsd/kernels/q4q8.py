@@ -19,8 +19,8 @@ QK = 32
 GROUP_COLS = 8
 BLOCK_BYTES = QK * GROUP_COLS // 2 + 2 * GROUP_COLS * 2
 # vnni: AVX-512 VNNI (vpdpbusd on 256-bit vectors); vnni512: on 512-bit ones (qx.c's kernels; the others take vnni)
-PATHS = {"auto": 0, "portable": 1, "avx2": 2, "vnni": 3, "vnni512": 4}
-PATH_NAMES = {1: "portable", 2: "avx2", 3: "vnni", 4: "vnni512"}
+PATHS = {"auto": 0, "portable": 1, "avx2": 2, "vnni": 3, "vnni512": 4, "amx": 5}
+PATH_NAMES = {1: "portable", 2: "avx2", 3: "vnni", 4: "vnni512", 5: "amx"}
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64

@@ -356,12 +356,68 @@ static inline __m512i join256(__m256i a, __m256i b) { return _mm512_inserti64x4(
 __attribute__((target(V512), always_inline))
 static inline __m512 join256ps(__m256 a, __m256 b) { return _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1); }
 
+/* Vector h (0..3) of a block of groups g and g + 1 (blk, blk2): lo, hi the codes at k = 8h + j and 8h + 4 + j (j = 0..3),
+   lanes 0-7 the first group's outputs, 8-15 the second's (qx_codes on both halves). */
+__attribute__((target(V512), always_inline))
+static inline void qx_codes512(const uint8_t *blk, const uint8_t *blk2, int h, const int HIGH, const int BYTES,
+                               __m512i *lo, __m512i *hi) {
+    const __m512i low = _mm512_set1_epi8(0x0F), three = _mm512_set1_epi8(3);
+    if (BYTES) {                                       /* whole bytes */
+        *lo = join256(_mm256_loadu_si256((const __m256i *)(blk + 64 * h)),
+                      _mm256_loadu_si256((const __m256i *)(blk2 + 64 * h)));
+        *hi = join256(_mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32)),
+                      _mm256_loadu_si256((const __m256i *)(blk2 + 64 * h + 32)));
+        return;
+    }
+    __m512i packed = join256(_mm256_loadu_si256((const __m256i *)(blk + 32 * h)),
+                             _mm256_loadu_si256((const __m256i *)(blk2 + 32 * h)));
+    *lo = _mm512_and_si512(packed, low);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+    if (HIGH) {
+        __m512i p = join256(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * (h >> 1))),
+                            _mm256_loadu_si256((const __m256i *)(blk2 + 128 + 32 * (h >> 1))));
+        __m512i hb = _mm512_and_si512(_mm512_srli_epi16(p, 4 * (h & 1)), low);
+        *lo = _mm512_or_si512(*lo, _mm512_slli_epi16(_mm512_and_si512(hb, three), 4));
+        *hi = _mm512_or_si512(*hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), three), 4));
+    }
+}
+
+/* The scales of a block of groups g and g + 1 as 16-lane vectors (qx_scale_vectors on both). */
+__attribute__((target(V512), always_inline))
+static inline void qx_scales512(const uint8_t *blk, const uint8_t *blk2, const uint8_t *hdr, int64_t B, const int HIGH,
+                                const int SUB16, const int MINS, const int SUPER, const int BYTES, __m512 dw[2],
+                                __m512 *mw) {
+    __m256 dwa[2], dwb[2], mwa = _mm256_setzero_ps(), mwb = _mm256_setzero_ps();
+    qx_scale_vectors(blk, hdr, HIGH, SUB16, MINS, SUPER, BYTES, dwa, &mwa);
+    qx_scale_vectors(blk2, hdr + B, HIGH, SUB16, MINS, SUPER, BYTES, dwb, &mwb);
+    dw[0] = join256ps(dwa[0], dwb[0]);
+    dw[1] = join256ps(dwa[1], dwb[1]);
+    *mw = join256ps(mwa, mwb);
+}
+
+/* acc += a block's contribution for one row on 16 lanes (qx_accumulate's operations, lane by lane). */
+__attribute__((target(V512), always_inline))
+static inline __m512 qx_accumulate512(__m512 acc, const __m512i s32[2], const __m512 dw[2], __m512 mw, float dx,
+                                      float sx, const int32_t *qs, int64_t off, const int SUB16, const int MINS) {
+    const __m512 dxv = _mm512_set1_ps(dx);
+    if (SUB16) {
+        for (int j = 0; j < 2; j++) {
+            __m512i is = MINS ? s32[j] : _mm512_sub_epi32(s32[j], _mm512_set1_epi32((int)off * qs[j]));
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(dw[j], dxv), _mm512_cvtepi32_ps(is)));
+        }
+    } else {
+        __m512i is = MINS ? s32[0] : _mm512_sub_epi32(s32[0], _mm512_set1_epi32((int)off * (qs[0] + qs[1])));
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(dw[0], dxv), _mm512_cvtepi32_ps(is)));
+    }
+    if (MINS) acc = _mm512_add_ps(acc, _mm512_mul_ps(mw, _mm512_set1_ps(sx)));
+    return acc;
+}
+
 __attribute__((target(V512), always_inline))
 static inline void qx_vnni512_rows(const uint8_t *w, int64_t B, int64_t nb, int kind, const int8_t *q8, const float *dx,
                                    const float *sx, const int32_t *qs16, int64_t k, float *y, int64_t n, const int R,
                                    const int HIGH, const int SUB16, const int MINS, const int SUPER, const int BYTES) {
     const int64_t off = kind >> 8;
-    const __m512i low = _mm512_set1_epi8(0x0F), three = _mm512_set1_epi8(3);
     __m512 acc[VROWS];
     for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -375,24 +431,7 @@ static inline void qx_vnni512_rows(const uint8_t *w, int64_t B, int64_t nb, int 
         for (int i = 0; i < R; i++) s32[i][0] = s32[i][1] = _mm512_setzero_si512();
         for (int h = 0; h < 4; h++) {
             __m512i lo, hi;
-            if (BYTES) {                               /* whole bytes */
-                lo = join256(_mm256_loadu_si256((const __m256i *)(blk + 64 * h)),
-                             _mm256_loadu_si256((const __m256i *)(blk2 + 64 * h)));
-                hi = join256(_mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32)),
-                             _mm256_loadu_si256((const __m256i *)(blk2 + 64 * h + 32)));
-            } else {
-                __m512i packed = join256(_mm256_loadu_si256((const __m256i *)(blk + 32 * h)),
-                                         _mm256_loadu_si256((const __m256i *)(blk2 + 32 * h)));
-                lo = _mm512_and_si512(packed, low);
-                hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
-            }
-            if (HIGH && !BYTES) {
-                __m512i p = join256(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * (h >> 1))),
-                                    _mm256_loadu_si256((const __m256i *)(blk2 + 128 + 32 * (h >> 1))));
-                __m512i hb = _mm512_and_si512(_mm512_srli_epi16(p, 4 * (h & 1)), low);
-                lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(hb, three), 4));
-                hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), three), 4));
-            }
+            qx_codes512(blk, blk2, h, HIGH, BYTES, &lo, &hi);
             const int half = SUB16 && h >= 2;
             for (int i = 0; i < R; i++) {
                 const int8_t *xq = q8 + i * k + b * QK + 8 * h;
@@ -403,25 +442,11 @@ static inline void qx_vnni512_rows(const uint8_t *w, int64_t B, int64_t nb, int 
                 s32[i][half] = _mm512_dpbusd_epi32(s32[i][half], hi, _mm512_set1_epi32(c));
             }
         }
-        __m256 dwa[2], dwb[2], mwa = _mm256_setzero_ps(), mwb = _mm256_setzero_ps();
-        qx_scale_vectors(blk, hdr, HIGH, SUB16, MINS, SUPER, BYTES, dwa, &mwa);
-        qx_scale_vectors(blk2, hdr + B, HIGH, SUB16, MINS, SUPER, BYTES, dwb, &mwb);
-        __m512 dw[2] = {join256ps(dwa[0], dwb[0]), join256ps(dwa[1], dwb[1])}, mw = join256ps(mwa, mwb);
-        for (int i = 0; i < R; i++) {
-            const int32_t *qs = qs16 + i * (k / 16) + 2 * b;
-            const __m512 dxv = _mm512_set1_ps(dx[i * nb + b]);
-            if (SUB16) {
-                for (int j = 0; j < 2; j++) {
-                    __m512i is = MINS ? s32[i][j] : _mm512_sub_epi32(s32[i][j], _mm512_set1_epi32((int)off * qs[j]));
-                    acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(_mm512_mul_ps(dw[j], dxv), _mm512_cvtepi32_ps(is)));
-                }
-            } else {
-                __m512i is = MINS ? s32[i][0]
-                                  : _mm512_sub_epi32(s32[i][0], _mm512_set1_epi32((int)off * (qs[0] + qs[1])));
-                acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(_mm512_mul_ps(dw[0], dxv), _mm512_cvtepi32_ps(is)));
-            }
-            if (MINS) acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(mw, _mm512_set1_ps(sx[i * nb + b])));
-        }
+        __m512 dw[2], mw;
+        qx_scales512(blk, blk2, hdr, B, HIGH, SUB16, MINS, SUPER, BYTES, dw, &mw);
+        for (int i = 0; i < R; i++)
+            acc[i] = qx_accumulate512(acc[i], s32[i], dw, mw, dx[i * nb + b], sx[i * nb + b],
+                                      qs16 + i * (k / 16) + 2 * b, off, SUB16, MINS);
     }
     for (int i = 0; i < R; i++) {
         _mm256_storeu_ps(y + i * n, _mm512_castps512_ps256(acc[i]));
@@ -457,6 +482,8 @@ static int qx_pair_vnni512(const uint8_t *w, int64_t B, int64_t nb, int kind, co
     }
 }
 
+#include "qx_amx.c"                 /* path 5: the pair kernel's integer sums on AMX tiles */
+
 #define QX_AVX2(F) qx_avx2_rows(w, nb, kind, q8, dx, sx, qs16, rows, k, y + g * GROUP_COLS, n, F & 1, F & 2, F & 4, F & 8, F & 16); break;
 __attribute__((target("avx2,fma,f16c")))
 static void qx_group_avx2(const uint8_t *w, int64_t nb, int kind, const int8_t *q8, const float *dx, const float *sx,
@@ -482,7 +509,20 @@ int qx_matmul_quantized(const uint8_t *w, int kind, const int8_t *q8, const floa
     int use = choose(path);
     if (use < 0) return use;
 #ifdef __x86_64__
-    if (use == 4) {                    /* pairs of groups on 512-bit vectors, a last odd group on 256-bit ones */
+    if (use == 5 && rows >= amx_rows) {   /* pairs of groups through the tile unit, a last odd group on 256-bit ones */
+#pragma omp parallel
+        {
+#pragma omp for schedule(static)
+            for (int64_t g = 0; g < groups; g += 2) {
+                if (g + 1 < groups && qx_pair_amx(w + g * gb, gb, nb, kind, q8, dx, sx, qs16, rows, k, y, n, g)) continue;
+                for (int64_t h = g; h < g + 2 && h < groups; h++)
+                    qx_group_vnni(w + h * gb, nb, kind, q8, dx, sx, qs16, rows, k, y, n, h);
+            }
+            amx_release();
+        }
+        return use;
+    }
+    if (use >= 4) {                    /* pairs of groups on 512-bit vectors, a last odd group on 256-bit ones */
 #pragma omp parallel for schedule(static)
         for (int64_t g = 0; g < groups; g += 2) {
             if (g + 1 < groups && qx_pair_vnni512(w + g * gb, gb, nb, kind, q8, dx, sx, qs16, rows, k, y, n, g)) continue;
@@ -631,7 +671,7 @@ int f16_matmul(const uint16_t *w, int bf16, const float *x, int64_t rows, int64_
     int use = choose(path);
     if (use < 0) return use;
 #ifdef __x86_64__
-    if (use == 4) {                    /* four groups a pass (a last partial set one by one) */
+    if (use >= 4) {                    /* four groups a pass (a last partial set one by one) */
         const int64_t groups = n / F16_COLS;
 #pragma omp parallel for schedule(static)
         for (int64_t g = 0; g < groups; g += 4)
