@@ -85,6 +85,13 @@ def llama_bench(path: Path, rows=ROWS, depth: int = 256, threads: int | None = N
     return {"ms": ms, "decode_ms": decode, "command": " ".join(shown)}
 
 
+def kernels() -> dict:
+    """The kernel path a forward takes here, and from how many rows the AMX tiles carry the products (0: never)."""
+    from ..kernels.build import amx_rows
+    from ..kernels.q4q8 import best_path
+    return {"path": best_path(), "amx_rows": amx_rows()}
+
+
 def run(path: Path, shape: str | None, rows=ROWS, depth: int = 256, command: str = "") -> dict:
     started = commit()
     llama = llama_bench(path, rows, depth)
@@ -93,7 +100,7 @@ def run(path: Path, shape: str | None, rows=ROWS, depth: int = 256, command: str
             "command": command, "machine": machine(), "versions": versions(version()), "commit": started,
             "file": {**(file_hash(path) or {}), "name": path.name, "bytes": path.stat().st_size},
             "format": mine["format"], "depth": depth, "rows": list(rows), "load_s": mine["load_s"],
-            "read_gbs": mine["read_gbs"],
+            "read_gbs": mine["read_gbs"], "kernels": kernels(),
             "ours_ms": {str(k): v for k, v in mine["ms"].items()},
             "llama_ms": {str(k): v for k, v in llama["ms"].items()}, "llama_decode_ms": llama["decode_ms"],
             "llama_command": llama["command"]}

@@ -72,7 +72,7 @@ def curve_lines(path: str, rec: dict) -> list[str]:
     out = [f"#### {rec.get('shape') or rec['file']['name']}: {rec['file']['bytes'] / 1e6:.0f} MB ({rec['file']['name']})",
            "", f"Machine: {machine_label(rec['machine'])}. Commit `{(c.get('sha') or '?')[:10]}`"
            f"{' (with uncommitted changes)' if c.get('dirty') else ''}, {rec['date']}; format here {rec['format']} "
-           f"(loaded in {rec['load_s']:.0f} s); llama.cpp {rec['versions'].get('llama_cpp') or '-'}; after "
+           f"(loaded in {rec['load_s']:.0f} s){_kernels(rec)}; llama.cpp {rec['versions'].get('llama_cpp') or '-'}; after "
            f"{rec['depth']} tokens of context. Record: `{path}`.", "",
            f"    {rec['command'].replace('python -m switchsd.eval.curve', 'python -m switchsd.eval.curve')}",
            f"    {rec['llama_command']}", "",
@@ -159,6 +159,14 @@ def machine_kv(m: Machine) -> list[str]:
     for _, rec in m.kv:
         out += [*_mismatch_lines(rec), ""]
     return out
+
+
+def _kernels(rec: dict) -> str:
+    """', kernels vnni512' or ', kernels amx (AMX tiles from 10 rows)', where the record says."""
+    k = rec.get("kernels")
+    if not k:
+        return ""
+    return f", kernels {k['path']}" + (f" (AMX tiles from {k['amx_rows']} rows)" if k.get("amx_rows") else "")
 
 
 def _floor(rec: dict) -> str:
