@@ -9,9 +9,10 @@ how qx_pack lays them out. The sums are exact integers, then every lane takes th
 (qx_accumulate512) in the same order: the same bits as every other path, for any number of rows.
 
 The tile unit needs the kernel's leave (arch_prctl ARCH_REQ_XCOMP_PERM) and a CPU that runs it; since llama.cpp's
-AMX code faults on some CPUs and shapes, Python enables this path (kernels_amx_allow, q4q8.c) only after a self-test in a child
-process matched the pair path bit for bit (switchsd/kernels/build.py, amx_ok). One row (the draft's and vanilla's step)
-stays on the pair path: a tile product pays off only when it replaces several rows' vpdpbusd. */
+AMX code faults on some CPUs and shapes, Python enables this path (kernels_amx_allow, q4q8.c) only after a self-test
+in a child process matched the pair path bit for bit and timed both (switchsd/kernels/build.py, amx_rows): calls with
+fewer rows than where the tiles won there stay on the pair path. Each block's sums leave the tiles through a store
+(tilestored) with a fixed cost: a tile product pays off only when it replaces several rows' vpdpbusd. */
 #ifdef __x86_64__
 #define AMX_ROWS 16
 #define AMX "amx-tile,amx-int8"
@@ -22,9 +23,10 @@ typedef struct {
     uint8_t rows[16];
 } TileConfig;
 
-/* Tiles, two sets (s = 0, 1: consecutive blocks, so one block's products run while the last one's sums are scaled):
-   A = s (R rows x 32 bytes, or 16 with sub-blocks of 16), B = 2 + s (8 rows x 64 bytes, or 4), C = 4 + s and 6 + s
-   (R rows of 16 int32: the first and the second sub-block's sums). */
+/* Tiles: A = 0 and 1 (R rows x 32 bytes, or 16 with sub-blocks of 16), B = 2 and 3 (8 rows x 64 bytes, or 4),
+   C = 4 to 7 (R rows of 16 int32). Consecutive blocks alternate between A 0, B 2 and A 1, B 3, and their sums go
+   round C 4, 5, 6, 7 (with sub-blocks of 16: C 4 and 6, then 5 and 7), so several blocks' products are in flight
+   while earlier ones' sums are stored and scaled. */
 __attribute__((target(AMX)))
 static void amx_configure(int R, const int SUB16) {
     TileConfig cfg;
@@ -39,27 +41,27 @@ static void amx_configure(int R, const int SUB16) {
 }
 
 /* Block b's sums as tile products: A tile S, B tile TB (from bt), C tiles C0, C1 (a set of the tiles above). */
-#define AMX_PRODUCTS(S, TB, C0, C1)                                                                                             \
-    do {                                                                                                           \
-        _tile_zero(C0);                                                                                         \
-        if (SUB16) {                                                                                               \
-            _tile_zero(C1);                                                                                     \
-            _tile_loadd(S, a, k);                                                                                  \
-            _tile_loadd(TB, bt, 64);                                                                            \
-            _tile_dpbsud(C0, S, TB);                                                                         \
-            _tile_loadd(S, a + 16, k);                                                                             \
-            _tile_loadd(TB, bt + 256, 64);                                                                      \
-            _tile_dpbsud(C1, S, TB);                                                                         \
-        } else {                                                                                                   \
-            _tile_loadd(S, a, k);                                                                                  \
-            _tile_loadd(TB, bt, 64);                                                                            \
-            _tile_dpbsud(C0, S, TB);                                                                         \
-        }                                                                                                          \
+#define AMX_PRODUCTS(S, TB, C0, C1)                                                                                    \
+    do {                                                                                                               \
+        _tile_zero(C0);                                                                                                \
+        if (SUB16) {                                                                                                   \
+            _tile_zero(C1);                                                                                            \
+            _tile_loadd(S, a, k);                                                                                      \
+            _tile_loadd(TB, bt, 64);                                                                                   \
+            _tile_dpbsud(C0, S, TB);                                                                                   \
+            _tile_loadd(S, a + 16, k);                                                                                 \
+            _tile_loadd(TB, bt + 256, 64);                                                                             \
+            _tile_dpbsud(C1, S, TB);                                                                                   \
+        } else {                                                                                                       \
+            _tile_loadd(S, a, k);                                                                                      \
+            _tile_loadd(TB, bt, 64);                                                                                   \
+            _tile_dpbsud(C0, S, TB);                                                                                   \
+        }                                                                                                              \
     } while (0)
-#define AMX_STORE(C0, C1, CT)                                                                                      \
-    do {                                                                                                           \
-        _tile_stored(C0, CT[0], 64);                                                                               \
-        if (SUB16) _tile_stored(C1, CT[1], 64);                                                                    \
+#define AMX_STORE(C0, C1, CT)                                                                                          \
+    do {                                                                                                               \
+        _tile_stored(C0, CT[0], 64);                                                                                   \
+        if (SUB16) _tile_stored(C1, CT[1], 64);                                                                        \
     } while (0)
 
 /* Groups g and g + 1 (B bytes apart), rows r0 .. r0 + R - 1 (R <= 16, tiles configured for R). */
@@ -129,13 +131,13 @@ static inline void qx_amx_rows(const uint8_t *w, int64_t B, int64_t nb, int kind
     }
 }
 
-#define QX_AMX(F)                                                                                                  \
-    for (int64_t r = 0; r < rows; r += AMX_ROWS) {                                                                 \
-        int R = rows - r < AMX_ROWS ? (int)(rows - r) : AMX_ROWS;                                                  \
-        amx_configure(R, F & 2);                                                                                   \
-        qx_amx_rows(w, B, nb, kind, q8 + r * k, dx + r * nb, sx + r * nb, qs16 + r * (k / 16), k,                 \
-                    y + g * GROUP_COLS + r * n, n, R, F & 1, F & 2, F & 4, F & 8, F & 16);                         \
-    }                                                                                                              \
+#define QX_AMX(F)                                                                                                      \
+    for (int64_t r = 0; r < rows; r += AMX_ROWS) {                                                                     \
+        int R = rows - r < AMX_ROWS ? (int)(rows - r) : AMX_ROWS;                                                      \
+        amx_configure(R, F & 2);                                                                                       \
+        qx_amx_rows(w, B, nb, kind, q8 + r * k, dx + r * nb, sx + r * nb, qs16 + r * (k / 16), k,                      \
+                    y + g * GROUP_COLS + r * n, n, R, F & 1, F & 2, F & 4, F & 8, F & 16);                             \
+    }                                                                                                                  \
     return 1;
 
 /* Groups g and g + 1 through the tile unit; 0 for a kind without a kernel here. */
