@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .records import ROOT, machine_label, summarize
-from .report import ORDER, SETS, _mismatch_lines, _x, load_records
+from .tables import ORDER, SETS, load_records, mismatch_lines, ratio
 
 FILES = ROOT / "docs" / "files.md"
 FILE_TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "f16")
@@ -60,7 +60,7 @@ def files_table(recs: list[tuple[str, dict]]) -> list[str]:
         cells = [f"{summ[m]['tok_s']:.1f}" if m in summ else "-" for m in methods]
         rows.append(f"| {_file_type(rec)} | {rec['format']} | {SETS.get(rec['dataset'], rec['dataset'])} "
                     f"{rec['settings'].get('n_prompts')} | " + " | ".join(cells) +
-                    f" | {_x(van, cpp) if cpp else '-'} | {_x(summ['switchsd']['tok_s'], van) if 'switchsd' in summ else '-'}"
+                    f" | {ratio(van, cpp) if cpp else '-'} | {ratio(summ['switchsd']['tok_s'], van) if 'switchsd' in summ else '-'}"
                     f" | {same} | " + (f"{summ['llama-cpp']['identical']}/{summ['llama-cpp']['n']}" if cpp else "-") + " |")
     return rows
 
@@ -78,7 +78,7 @@ def curve_lines(path: str, rec: dict) -> list[str]:
            f"    {rec['llama_command']}", "",
            f"Decoding: this project's one-row step {one:.1f} ms ({1e3 / one:.1f} tok/s), llama.cpp's "
            f"{rec['llama_decode_ms']:.1f} ms ({1e3 / rec['llama_decode_ms']:.1f} tok/s): "
-           f"**{_x(rec['llama_decode_ms'], one)}**." + _floor(rec), "",
+           f"**{ratio(rec['llama_decode_ms'], one)}**." + _floor(rec), "",
            "| rows | this project, ms | x 1 row | llama.cpp, ms | x 1 row |", "|---|---|---|---|---|"]
     for r in rec["rows"]:
         o, ll = ours[str(r)], llama[str(r)]
@@ -136,7 +136,7 @@ def machine_files(m: Machine) -> list[str]:
     out += ["", "Records and commands: " + ", ".join(f"`{m.path(n)}`" for n, _ in m.files) + "; e.g.",
             "", f"    {m.files[0][1]['command'].replace('python -m switchsd', 'switchsd')}", ""]
     for _, rec in m.files:
-        mm = _mismatch_lines(rec)
+        mm = mismatch_lines(rec)
         if mm and rec.get("mismatches"):
             out += [f"{_file_type(rec)}, {SETS.get(rec['dataset'], rec['dataset'])}:", *mm, ""]
     return out
@@ -157,7 +157,7 @@ def machine_kv(m: Machine) -> list[str]:
     out += ["", *[f"Record `{m.path(n)}`: `{r['command'].replace('python -m switchsd', 'switchsd')}`."
                   for n, r in m.kv], ""]
     for _, rec in m.kv:
-        out += [*_mismatch_lines(rec), ""]
+        out += [*mismatch_lines(rec), ""]
     return out
 
 

@@ -12,30 +12,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from .records import ROOT, machine_label, read_record, summarize
+from .files_page import FILES, files_page, load_machines, n_records
+from .records import ROOT, machine_label, summarize
+from .tables import RECORDS, SETS, load_records, mismatch_lines, ratio
 
-RECORDS = ROOT / "docs" / "records"
 RESULTS = ROOT / "docs" / "results.md"
 README = ROOT / "README.md"
 SCALING = ROOT / "docs" / "scaling.md"
 BEGIN, END = "<!-- results:begin (switchsd report) -->", "<!-- results:end -->"
 VLLM_BEGIN, VLLM_END = "<!-- vllm:begin (switchsd report) -->", "<!-- vllm:end -->"
-SETS = {"humaneval": "HumanEval", "math500": "MATH-500", "cnndm": "CNN/DM", "mtbench": "MT-Bench",
-        "specbench": "Spec-Bench"}
-ORDER = list(SETS)
 LLAMA_SPEC = ("llama-cpp-ngram", "llama-cpp-eagle3", "llama-cpp-hybrid")
-
-
-def load_records(folder: Path = RECORDS, kind: str = "bench") -> list[tuple[str, dict]]:
-    """(file name, record) of every record of `kind`, bench records in the order of SETS then name."""
-    out = [(p.name, read_record(p)) for p in sorted(folder.glob("*.json.gz"))]
-    rank = {s: i for i, s in enumerate(ORDER)}
-    return sorted([x for x in out if x[1]["kind"] == kind],
-                  key=lambda x: (rank.get(x[1].get("dataset"), len(rank)), x[0]))
-
-
-def _x(a: float, b: float) -> str:
-    return f"{a / b:.2f}x" if b else "-"
 
 
 def vllm_block(recs: list[tuple[str, dict]]) -> str:
@@ -93,36 +79,9 @@ def set_table(rec: dict) -> list[str]:
             "|---|---|---|---|---|---|---|"]
     for m, s in summ.items():
         paths = ", ".join(f"{k} {v['pct']:.0f}% / {v['mal']:.2f}" for k, v in s["paths"].items())
-        rows.append(f"| {m} | {s['tok_s']:.1f} | {s['speedup']:.2f}x | {_x(s['tok_s'], cpp) if cpp else '-'} | "
+        rows.append(f"| {m} | {s['tok_s']:.1f} | {s['speedup']:.2f}x | {ratio(s['tok_s'], cpp) if cpp else '-'} | "
                     f"{s['tok_per_fwd']:.2f} | {paths} | {s['identical']}/{s['n']} |")
     return rows
-
-
-def _mismatch_lines(rec: dict) -> list[str]:
-    """Per method, the texts that differ from vanilla's: how many, and vanilla's float32 margin at the first
-    differing token (its logit minus the other token's: a near-tie where small), the widest one named."""
-    mm = rec.get("mismatches")
-    if mm is None:
-        return ["Outputs that differ from vanilla's were not re-scored in float32."]
-    if not mm:
-        return []
-    out = ["Texts that differ from vanilla's, per method: at the first differing token, vanilla's float32 margin "
-           "(the logit of vanilla's token minus the other's; a near-tie where small, so another arithmetic may pick "
-           "either):", ""]
-    n = {m: len(rs) for m, rs in rec["runs"].items()}
-    for method in dict.fromkeys(x["method"] for x in mm):
-        xs = [x for x in mm if x["method"] == method]
-        tok = sorted(((abs(x["fp32_margin"]), x) for x in xs if x.get("kind") == "token"), key=lambda t: t[0])
-        lengths = len(xs) - len(tok)
-        line = f"- {method}: {len(xs)} of {n.get(method, '?')}"
-        if tok:
-            widest = tok[-1][1]
-            line += (f"; margin {tok[0][0]:.3f} to {tok[-1][0]:.3f} (median {tok[len(tok) // 2][0]:.3f}), the "
-                     f"widest at {widest['id']}, token {widest['position']}")
-        if lengths:
-            line += f"; {lengths} differ only in where they stop"
-        out.append(line)
-    return out
 
 
 def headline(recs: list[tuple[str, dict]]) -> list[str]:
@@ -139,8 +98,8 @@ def headline(recs: list[tuple[str, dict]]) -> list[str]:
         same = all(s[m]["identical"] == s[m]["n"] for m in engine)
         rows.append(f"| {SETS.get(rec['dataset'], rec['dataset'])} | {s['vanilla']['n']} | "
                     f"{s['llama-cpp']['tok_s']:.1f} | {best[0]:.1f} ({best[1]}) | {s['vanilla']['tok_s']:.1f} | "
-                    f"{s['switchsd']['tok_s']:.1f} | **{_x(s['switchsd']['tok_s'], s['llama-cpp']['tok_s'])}** | "
-                    f"{_x(s['switchsd']['tok_s'], best[0])} | {'yes' if same else 'no'} |")
+                    f"{s['switchsd']['tok_s']:.1f} | **{ratio(s['switchsd']['tok_s'], s['llama-cpp']['tok_s'])}** | "
+                    f"{ratio(s['switchsd']['tok_s'], best[0])} | {'yes' if same else 'no'} |")
     return rows
 
 
@@ -164,7 +123,7 @@ def results_page(recs: list[tuple[str, dict]]) -> str:
         title = SETS.get(rec["dataset"], rec["dataset"])
         out += [f"## {title}, {rec['settings'].get('n_prompts')} prompts", "", *_heading(name, rec), "",
                 *set_table(rec), ""]
-        mm = _mismatch_lines(rec)
+        mm = mismatch_lines(rec)
         out += [*mm, ""] if mm else []
     return "\n".join(out).rstrip() + "\n"
 
@@ -175,7 +134,7 @@ def readme_block(recs: list[tuple[str, dict]]) -> str:
         s = summarize(rec)
         if {"llama-cpp", "switchsd"} <= set(s):
             heads.append(f"{SETS.get(rec['dataset'], rec['dataset'])} "
-                         f"**{_x(s['switchsd']['tok_s'], s['llama-cpp']['tok_s'])}**")
+                         f"**{ratio(s['switchsd']['tok_s'], s['llama-cpp']['tok_s'])}**")
             same, total = same + s["switchsd"]["identical"], total + s["switchsd"]["n"]
     if heads:
         lines += [f"SwitchSD against llama.cpp's own server on the same GGUF file (Tok/s, prefill counted, 128 new "
@@ -203,7 +162,6 @@ def main(argv=None) -> None:
     ap.add_argument("--check", action="store_true", help="fail when a committed page differs from the records")
     ap.add_argument("--records", type=Path, default=RECORDS)
     args = ap.parse_args(argv)
-    from .files_page import FILES, files_page, load_machines, n_records  # it reads this module's helpers
     try:
         recs, pairs = load_records(args.records), load_records(args.records, "vllm-pair")
         machines = load_machines(args.records / "files")
