@@ -119,7 +119,8 @@ SIZES = ("Random weights in the shapes users run (real vocabularies, rope and la
          "`llama-quantize` (`python -m switchsd.eval.synthetic`): weights read from DRAM (unless a CPU's L3 holds "
          "them). The curve: a forward of R rows after the context (a verify of R - 1 drafted tokens) against a "
          "one-row step; the cost gate prices drafts from this curve (`switchsd calibrate --model FILE` measures it "
-         "for the gate). `make bench-shapes`.")
+         "for the gate). On a CPU with AMX, verifies of as many rows as the kernels' self-test found the tiles "
+         "faster from run on them (`switchsd/kernels/qx_amx.c`; each record names its kernels). `make bench-shapes`.")
 
 
 def machine_files(m: Machine) -> list[str]:
