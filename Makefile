@@ -71,12 +71,12 @@ MACHINE = $$($(BIN)/python -c "from switchsd.eval.records import machine, machin
 FILE_TYPES ?= Q4_K_M:40:20 Q5_K_M:40:20 Q6_K:40:20 Q8_0:40:20 f16:40:20
 FILE_METHODS ?= llama-cpp,vanilla,pld,eagle3,switchsd
 bench-files: setup llama-cpp   ## the GGUF-files table: each file calibrated, then its methods beside llama.cpp (about 45 minutes)
-	@for spec in $(FILE_TYPES); do t=$${spec%%:*}; rest=$${spec#*:}; he=$${rest%%:*}; mt=$${rest##*:}; \
+	@m=$(MACHINE); for spec in $(FILE_TYPES); do t=$${spec%%:*}; rest=$${spec#*:}; he=$${rest%%:*}; mt=$${rest##*:}; \
 	  f=$$($(BIN)/python -m switchsd.eval.ggufs --types $$t | cut -f2) || exit 1; \
 	  $(BIN)/python -m switchsd calibrate --model $$f --dtype q4q8 > /dev/null || exit 1; \
 	  for set in humaneval:$$he mtbench:$$mt; do ds=$${set%%:*}; n=$${set##*:}; \
 	    $(BIN)/python -m switchsd bench --model $$f --dataset $$ds --limit $$n --max-new-tokens 128 \
-	      --methods $(FILE_METHODS) --out runs/files/$$t-$$ds --record docs/records/files/$(MACHINE)/$$t-$$ds.json.gz || exit 1; \
+	      --methods $(FILE_METHODS) --out runs/files/$$t-$$ds --record docs/records/files/$$m/$$t-$$ds.json.gz || exit 1; \
 	  done; done
 	$(MAKE) --no-print-directory bench-kv
 
