@@ -21,6 +21,7 @@ from pathlib import Path
 import torch  # noqa: F401  (loads torch's OpenMP runtime before ours)
 
 from .. import envs
+from ..io import write_text_atomic
 
 HERE = Path(__file__).resolve().parent
 # -ffp-contract=off: a * b + c stays two roundings, as the kernels' arithmetic (and its reference) says
@@ -82,7 +83,7 @@ def amx_rows() -> int:
         except subprocess.TimeoutExpired:
             said = "failed: the self-test ran past 300 s"
         verdict.parent.mkdir(parents=True, exist_ok=True)
-        verdict.write_text(said + "\n")
+        write_text_atomic(verdict, said + "\n")    # two processes testing at once: each sees a whole verdict
     said = verdict.read_text().split()
     return int(said[1]) if len(said) == 2 and said[0] == "rows" and said[1].isdigit() else 0
 
