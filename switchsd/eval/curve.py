@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..kernels.memread import read_bandwidth
 from .llama_server import build_dir, missing, version
 from .records import SCHEMA, commit, file_hash, machine, versions
 
@@ -51,20 +52,6 @@ def ours(path: Path, rows=ROWS, depth: int = 256, repeats: int = 7) -> dict:
             cache.length = depth
         out[r] = 1e3 * statistics.median(times[1:])
     return {"format": lm.precision, "load_s": load_s, "ms": out, "read_gbs": read_bandwidth()}
-
-
-def read_bandwidth(gib: int = 1, repeats: int = 5) -> float | None:
-    """GB/s this machine's threads (torch's) read from memory (switchsd/kernels/memread.c); None without a compiler."""
-    import ctypes
-
-    from ..kernels.build import BuildError, load
-    try:
-        lib = load("memread")
-    except (BuildError, OSError):
-        return None
-    lib.mem_read_gbs.restype, lib.mem_read_gbs.argtypes = ctypes.c_double, [ctypes.c_int64, ctypes.c_int]
-    gbs = lib.mem_read_gbs(gib << 30, repeats)
-    return gbs if gbs > 0 else None
 
 
 def llama_bench(path: Path, rows=ROWS, depth: int = 256, threads: int | None = None, repeats: int = 3) -> dict:
