@@ -31,7 +31,7 @@ dw = d * sc and mw = -dmin * m, computed in float32 where used (exact: the same 
 #define QX_BYTES 16                 /* codes as whole bytes (no unpacking): Q5_0 / Q5_1 always, K types by choice */
 #define SUPER_BLOCKS 8
 #ifndef PREFETCH
-#define PREFETCH 4096               /* bytes ahead of the block being read: more misses in flight than the streamer */
+#define PREFETCH 16384              /* bytes ahead of the block being read: more misses in flight than the streamer */
 #endif
 
 /* bytes of one block's codes and scales; the K types' super-block header is apart (qx_header_bytes) */
@@ -382,17 +382,64 @@ static inline void qx_codes512(const uint8_t *blk, const uint8_t *blk2, int h, c
     }
 }
 
-/* The scales of a block of groups g and g + 1 as 16-lane vectors (qx_scale_vectors on both). */
+/* Bytes of a block's codes and scales (qx_block_bytes) and of a super-block's header, from the kernel's flags. */
+static inline int64_t qx_bb(const int HIGH, const int SUB16, const int MINS, const int SUPER, const int BYTES) {
+    const int64_t subs = SUB16 ? 2 : 1, codes = BYTES ? 256 : HIGH ? 192 : 128;
+    return SUPER ? codes + GROUP_COLS * subs + (MINS ? GROUP_COLS : 0)
+                 : codes + 2 * GROUP_COLS * subs + (MINS ? 2 * GROUP_COLS : 0);
+}
+static inline int64_t qx_hb(const int MINS, const int SUPER) { return SUPER ? 2 * GROUP_COLS * (MINS ? 2 : 1) : 0; }
+
+/* Eight float16 of group g (at p) and eight of group g + 1 (at p + B) as 16 float32 lanes. */
+__attribute__((target(V512), always_inline))
+static inline __m512 qx_halves512(const uint8_t *p, int64_t B) {
+    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                                        _mm_loadu_si128((const __m128i *)(p + B)), 1);
+    return _mm512_cvtph_ps(h);
+}
+
+/* A K type's super-block header for groups g and g + 1: d and -dmin on 16 lanes. */
+__attribute__((target(V512), always_inline))
+static inline void qx_super512(const uint8_t *hdr, int64_t B, const int MINS, __m512 *d, __m512 *nd) {
+    *d = qx_halves512(hdr, B);
+    if (MINS) *nd = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(qx_halves512(hdr + 16, B)),
+                                                         _mm512_set1_epi32((int)0x80000000u)));
+}
+
+/* The scales of a block of groups g and g + 1 as 16-lane vectors, lane by lane qx_scale_vectors' operations (d, nd:
+   qx_super512's, K types only). */
+__attribute__((target(V512), always_inline))
+static inline void qx_block_scales512(const uint8_t *blk, int64_t B, __m512 d, __m512 nd, const int HIGH,
+                                      const int SUB16, const int MINS, const int SUPER, const int BYTES, __m512 dw[2],
+                                      __m512 *mw) {
+    const int64_t subs = SUB16 ? 2 : 1, at = BYTES ? 256 : HIGH ? 192 : 128;
+    if (SUPER) {
+        for (int j = 0; j < subs; j++) {
+            __m128i raw = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(blk + at + 8 * j)),
+                                             _mm_loadl_epi64((const __m128i *)(blk + B + at + 8 * j)));
+            __m512i sc = SUB16 ? _mm512_cvtepi8_epi32(raw) : _mm512_cvtepu8_epi32(raw);
+            dw[j] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+        }
+        if (MINS) {
+            __m128i raw = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(blk + at + 8 * subs)),
+                                             _mm_loadl_epi64((const __m128i *)(blk + B + at + 8 * subs)));
+            *mw = _mm512_mul_ps(nd, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(raw)));
+        }
+    } else {
+        for (int j = 0; j < subs; j++) dw[j] = qx_halves512(blk + at + 16 * j, B);
+        if (MINS) *mw = qx_halves512(blk + at + 16 * subs, B);
+    }
+}
+
+/* The scales of a block of groups g and g + 1 (hdr: its super-block's header; K types). */
 __attribute__((target(V512), always_inline))
 static inline void qx_scales512(const uint8_t *blk, const uint8_t *blk2, const uint8_t *hdr, int64_t B, const int HIGH,
                                 const int SUB16, const int MINS, const int SUPER, const int BYTES, __m512 dw[2],
                                 __m512 *mw) {
-    __m256 dwa[2], dwb[2], mwa = _mm256_setzero_ps(), mwb = _mm256_setzero_ps();
-    qx_scale_vectors(blk, hdr, HIGH, SUB16, MINS, SUPER, BYTES, dwa, &mwa);
-    qx_scale_vectors(blk2, hdr + B, HIGH, SUB16, MINS, SUPER, BYTES, dwb, &mwb);
-    dw[0] = join256ps(dwa[0], dwb[0]);
-    dw[1] = join256ps(dwa[1], dwb[1]);
-    *mw = join256ps(mwa, mwb);
+    __m512 d = _mm512_setzero_ps(), nd = _mm512_setzero_ps();
+    (void)blk2;
+    if (SUPER) qx_super512(hdr, B, MINS, &d, &nd);
+    qx_block_scales512(blk, B, d, nd, HIGH, SUB16, MINS, SUPER, BYTES, dw, mw);
 }
 
 /* acc += a block's contribution for one row on 16 lanes (qx_accumulate's operations, lane by lane). */
@@ -413,40 +460,65 @@ static inline __m512 qx_accumulate512(__m512 acc, const __m512i s32[2], const __
     return acc;
 }
 
+/* Integer sums started at QX_MAGIC (the bits of 1.5 * 2^23) hold, as float32, 1.5 * 2^23 + the sum exactly while
+   |sum| < 2^22 (a block's: under 2^17); less 1.5 * 2^23 that is float(sum) exactly: cvtepi32_ps's result, off the
+   port the dot products need. */
+#define QX_MAGIC 0x4B400000
+__attribute__((target(V512), always_inline))
+static inline __m512 qx_magic_ps(__m512i s) {
+    return _mm512_sub_ps(_mm512_castsi512_ps(s), _mm512_set1_ps(12582912.0f));
+}
+
+/* Rows r .. r + R - 1 of groups g and g + 1. Per block: the scales, then each sub-block's integer sums for every row
+   (started at QX_MAGIC - off * qs: the offset folded in, exact) and at once its float step, sub-blocks in order, then the mins:
+   qx_accumulate512's operations in its order, lane by lane. */
 __attribute__((target(V512), always_inline))
 static inline void qx_vnni512_rows(const uint8_t *w, int64_t B, int64_t nb, int kind, const int8_t *q8, const float *dx,
                                    const float *sx, const int32_t *qs16, int64_t k, float *y, int64_t n, const int R,
                                    const int HIGH, const int SUB16, const int MINS, const int SUPER, const int BYTES) {
-    const int64_t off = kind >> 8;
-    __m512 acc[VROWS];
+    const int64_t off = kind >> 8, BB = qx_bb(HIGH, SUB16, MINS, SUPER, BYTES), HB = qx_hb(MINS, SUPER);
+    const int subs = SUB16 ? 2 : 1;
+    __m512 acc[VROWS], d = _mm512_setzero_ps(), nd = _mm512_setzero_ps();
     for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = w + qx_block_at(kind, b), *blk2 = blk + B;
-        const uint8_t *hdr = w + qx_block_at(kind, b - b % SUPER_BLOCKS) - qx_header_bytes(kind);
-        for (int64_t p = 0; p < 320; p += 64) {
+    const uint8_t *blk = w + HB;
+    for (int64_t b = 0; b < nb; b++, blk += BB) {
+        if (SUPER && b % SUPER_BLOCKS == 0) {
+            if (b) blk += HB;
+            qx_super512(blk - HB, B, MINS, &d, &nd);
+        }
+        const uint8_t *blk2 = blk + B;
+        for (int64_t p = 0; p < BB; p += 64) {
             _mm_prefetch((const char *)(blk + PREFETCH + p), _MM_HINT_T0);
             _mm_prefetch((const char *)(blk2 + PREFETCH + p), _MM_HINT_T0);
         }
-        __m512i s32[VROWS][2];
-        for (int i = 0; i < R; i++) s32[i][0] = s32[i][1] = _mm512_setzero_si512();
-        for (int h = 0; h < 4; h++) {
-            __m512i lo, hi;
-            qx_codes512(blk, blk2, h, HIGH, BYTES, &lo, &hi);
-            const int half = SUB16 && h >= 2;
+        __m512 dw[2], mw = _mm512_setzero_ps();
+        qx_block_scales512(blk, B, d, nd, HIGH, SUB16, MINS, SUPER, BYTES, dw, &mw);
+        for (int j = 0; j < subs; j++) {
+            __m512i s32[VROWS];
             for (int i = 0; i < R; i++) {
-                const int8_t *xq = q8 + i * k + b * QK + 8 * h;
-                int32_t a, c;
-                memcpy(&a, xq, 4);
-                memcpy(&c, xq + 4, 4);
-                s32[i][half] = _mm512_dpbusd_epi32(s32[i][half], lo, _mm512_set1_epi32(a));
-                s32[i][half] = _mm512_dpbusd_epi32(s32[i][half], hi, _mm512_set1_epi32(c));
+                const int32_t *qs = qs16 + i * (k / 16) + 2 * b;
+                s32[i] = _mm512_set1_epi32((MINS || !off) ? QX_MAGIC
+                                                          : QX_MAGIC - (int)off * (SUB16 ? qs[j] : qs[0] + qs[1]));
             }
+            for (int h = 2 * j; h < (SUB16 ? 2 * j + 2 : 4); h++) {
+                __m512i lo, hi;
+                qx_codes512(blk, blk2, h, HIGH, BYTES, &lo, &hi);
+                for (int i = 0; i < R; i++) {
+                    const int8_t *xq = q8 + i * k + b * QK + 8 * h;
+                    int32_t a, c;
+                    memcpy(&a, xq, 4);
+                    memcpy(&c, xq + 4, 4);
+                    s32[i] = _mm512_dpbusd_epi32(s32[i], lo, _mm512_set1_epi32(a));
+                    s32[i] = _mm512_dpbusd_epi32(s32[i], hi, _mm512_set1_epi32(c));
+                }
+            }
+            for (int i = 0; i < R; i++)
+                acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(_mm512_mul_ps(dw[j], _mm512_set1_ps(dx[i * nb + b])),
+                                                             qx_magic_ps(s32[i])));
         }
-        __m512 dw[2], mw;
-        qx_scales512(blk, blk2, hdr, B, HIGH, SUB16, MINS, SUPER, BYTES, dw, &mw);
-        for (int i = 0; i < R; i++)
-            acc[i] = qx_accumulate512(acc[i], s32[i], dw, mw, dx[i * nb + b], sx[i * nb + b],
-                                      qs16 + i * (k / 16) + 2 * b, off, SUB16, MINS);
+        if (MINS)
+            for (int i = 0; i < R; i++)
+                acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(mw, _mm512_set1_ps(sx[i * nb + b])));
     }
     for (int i = 0; i < R; i++) {
         _mm256_storeu_ps(y + i * n, _mm512_castps512_ps256(acc[i]));
@@ -455,11 +527,20 @@ static inline void qx_vnni512_rows(const uint8_t *w, int64_t B, int64_t nb, int 
 }
 
 #define QX_ARGS512(r) nb, kind, q8 + (r) * k, dx + (r) * nb, sx + (r) * nb, qs16 + (r) * (k / 16)
+#define QX_CALL512(F, RR) \
+    qx_vnni512_rows(w, B, QX_ARGS512(r), k, yg + r * n, n, RR, F & 1, F & 2, F & 4, F & 8, F & 16)
+/* rows in passes of 8, then one pass for the rest (each pass unpacks the codes once) */
 #define QX_SETS512(F)                                                                                            \
-    for (; r + 8 <= rows; r += 8) qx_vnni512_rows(w, B, QX_ARGS512(r), k, yg + r * n, n, 8, F & 1, F & 2, F & 4, F & 8, F & 16); \
-    for (; r + 4 <= rows; r += 4) qx_vnni512_rows(w, B, QX_ARGS512(r), k, yg + r * n, n, 4, F & 1, F & 2, F & 4, F & 8, F & 16); \
-    for (; r + 2 <= rows; r += 2) qx_vnni512_rows(w, B, QX_ARGS512(r), k, yg + r * n, n, 2, F & 1, F & 2, F & 4, F & 8, F & 16); \
-    for (; r < rows; r++) qx_vnni512_rows(w, B, QX_ARGS512(r), k, yg + r * n, n, 1, F & 1, F & 2, F & 4, F & 8, F & 16);  \
+    for (; r + 8 <= rows; r += 8) QX_CALL512(F, 8);                                                              \
+    switch (rows - r) {                                                                                          \
+        case 7: QX_CALL512(F, 7); break;                                                                         \
+        case 6: QX_CALL512(F, 6); break;                                                                         \
+        case 5: QX_CALL512(F, 5); break;                                                                         \
+        case 4: QX_CALL512(F, 4); break;                                                                         \
+        case 3: QX_CALL512(F, 3); break;                                                                         \
+        case 2: QX_CALL512(F, 2); break;                                                                         \
+        case 1: QX_CALL512(F, 1); break;                                                                         \
+    }                                                                                                            \
     return 1;
 
 /* Groups g and g + 1 (B bytes apart) on 512-bit vectors; 0 for a kind without a kernel here (the caller runs them
