@@ -130,18 +130,20 @@ def test_real_model_q4q8_decodes_and_methods_equal_its_vanilla():
         assert drafted > 0 and accepted > 0, (method, gen.stats["paths"])
 
 
-def test_the_vector_and_portable_paths_compute_the_same_bits():
-    """The AVX2 attention, SwiGLU and products against the portable C paths, whole forwards (a prefill, then a chain
-    over the cached prefix): the same operations in the same order, so the same logits and states. Heads of 64
-    (hd 8 would let the next product's 8-bit rounding hide a changed sum: a planted change of the AVX2 dot product's
-    reduction tree passes there and fails here)."""
+@pytest.mark.parametrize("hidden,heads", [(128, 2), (256, 2), (96, 3)])
+def test_the_vector_and_portable_paths_compute_the_same_bits(hidden, heads):
+    """The vector attention (AVX2, 512-bit), SwiGLU and products against the portable C paths, whole forwards (a
+    prefill, then a chain over the cached prefix): the same operations in the same order, so the same logits and
+    states. Heads of 64, 128 (two 64-output passes) and 32 (a part pass); not 8, which would let the next product's
+    8-bit rounding hide a changed sum (a planted change of the AVX2 dot product's reduction tree passes there and
+    fails here)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from switchsd.kernels import q4q8
     if q4q8.best_path() == "portable":
         pytest.skip("this CPU has only the portable path")
     torch.manual_seed(3)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+    cfg = LlamaConfig(vocab_size=64, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=heads,
                       num_key_value_heads=1, intermediate_size=256, max_position_embeddings=256)
     model = LlamaForCausalLM(cfg).eval()
     fast, slow = Q4Q8Llama.quantized(model, "auto"), Q4Q8Llama.quantized(model, "portable")

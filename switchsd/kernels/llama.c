@@ -222,76 +222,13 @@ static void swiglu_avx2(const float *g, const float *u, int64_t n, float *act) {
     for (; i < n; i++) act[i] = g[i] / (1.0f + exp_poly(-g[i])) * u[i];
 }
 
-/* One row's attention for one head over `n` keys at cache positions `pos` (ascending; kc, vc: [cap, hd] of its kv
-   head). Scores four keys at a time, each as 8 lane sums reduced by a fixed tree, ((l0 + l4) + (l2 + l6)) +
-   ((l1 + l5) + (l3 + l7)) (four keys' trees at once through a 4x4 transpose), times scale; m = max; p_j =
-   exp(s_j - m); o = (sum_j p_j v_j) / (sum_j p_j), sums in key order, 64 outputs at a time in registers. The same
-   operations in the same order as attend_portable, so the same bits. */
-__attribute__((target("avx2")))
-static void attend_avx2(const float *q, const float *kc, const float *vc, const int32_t *pos, int64_t n, int64_t hd,
-                        float scale, float *sc, float *o) {
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4) {
-        const float *k0 = kc + (int64_t)pos[j] * hd, *k1 = kc + (int64_t)pos[j + 1] * hd;
-        const float *k2 = kc + (int64_t)pos[j + 2] * hd, *k3 = kc + (int64_t)pos[j + 3] * hd;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t i = 0; i < hd; i += 8) {
-            const __m256 qv = _mm256_loadu_ps(q + i);
-            a0 = _mm256_add_ps(a0, _mm256_mul_ps(qv, _mm256_loadu_ps(k0 + i)));
-            a1 = _mm256_add_ps(a1, _mm256_mul_ps(qv, _mm256_loadu_ps(k1 + i)));
-            a2 = _mm256_add_ps(a2, _mm256_mul_ps(qv, _mm256_loadu_ps(k2 + i)));
-            a3 = _mm256_add_ps(a3, _mm256_mul_ps(qv, _mm256_loadu_ps(k3 + i)));
-        }
-        __m128 x0 = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));    /* l_c + l_{c+4} */
-        __m128 x1 = _mm_add_ps(_mm256_castps256_ps128(a1), _mm256_extractf128_ps(a1, 1));
-        __m128 x2 = _mm_add_ps(_mm256_castps256_ps128(a2), _mm256_extractf128_ps(a2, 1));
-        __m128 x3 = _mm_add_ps(_mm256_castps256_ps128(a3), _mm256_extractf128_ps(a3, 1));
-        _MM_TRANSPOSE4_PS(x0, x1, x2, x3);               /* x_c: lane c of the four keys */
-        __m128 r = _mm_add_ps(_mm_add_ps(x0, x2), _mm_add_ps(x1, x3));
-        _mm_storeu_ps(sc + j, _mm_mul_ps(r, _mm_set1_ps(scale)));
-    }
-    for (; j < n; j++) {
-        const float *k = kc + (int64_t)pos[j] * hd;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t i = 0; i < hd; i += 8)
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i)));
-        __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-        __m128 s2 = _mm_add_ps(s1, _mm_movehl_ps(s1, s1));
-        sc[j] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1))) * scale;
-    }
-    float m = -INFINITY;
-    for (j = 0; j < n; j++) m = sc[j] > m ? sc[j] : m;
-    const __m256 mv = _mm256_set1_ps(m);
-    for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(sc + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mv)));
-    for (; j < n; j++) sc[j] = exp_poly(sc[j] - m);
-    for (int64_t c = 0; c < hd; c += 64) {
-        const int w = hd - c >= 64 ? 8 : (int)((hd - c) / 8);
-        __m256 a[8];
-        for (int u = 0; u < 8; u++) a[u] = _mm256_setzero_ps();
-        if (w == 8) {                   /* the common head size: a constant trip count keeps a[] in registers */
-            for (j = 0; j < n; j++) {
-                const float *v = vc + (int64_t)pos[j] * hd + c;
-                const __m256 pv = _mm256_set1_ps(sc[j]);
-                for (int u = 0; u < 8; u++) a[u] = _mm256_add_ps(a[u], _mm256_mul_ps(pv, _mm256_loadu_ps(v + 8 * u)));
-            }
-        } else {
-            for (j = 0; j < n; j++) {
-                const float *v = vc + (int64_t)pos[j] * hd + c;
-                const __m256 pv = _mm256_set1_ps(sc[j]);
-                for (int u = 0; u < w; u++) a[u] = _mm256_add_ps(a[u], _mm256_mul_ps(pv, _mm256_loadu_ps(v + 8 * u)));
-            }
-        }
-        for (int u = 0; u < w; u++) _mm256_storeu_ps(o + c + 8 * u, a[u]);
-    }
-    float sum = 0.0f;
-    for (j = 0; j < n; j++) sum = sum + sc[j];
-    for (int64_t i = 0; i < hd; i++) o[i] = o[i] / sum;
-}
+#include "attend_x86.c"          /* attend_avx2, attend_512 */
 #endif
 
 static void attend(const float *q, const float *kc, const float *vc, const int32_t *pos, int64_t n, int64_t hd,
                    float scale, float *scores, float *out, int path) {
 #ifdef __x86_64__
+    if (path == 3) { attend_512(q, kc, vc, pos, n, hd, scale, scores, out); return; }
     if (path == 2) { attend_avx2(q, kc, vc, pos, n, hd, scale, scores, out); return; }
 #endif
     attend_portable(q, kc, vc, pos, n, hd, scale, scores, out);
@@ -299,7 +236,7 @@ static void attend(const float *q, const float *kc, const float *vc, const int32
 
 static void swiglu(const float *g, const float *u, int64_t n, float *act, int path) {
 #ifdef __x86_64__
-    if (path == 2) { swiglu_avx2(g, u, n, act); return; }
+    if (path >= 2) { swiglu_avx2(g, u, n, act); return; }
 #endif
     swiglu_portable(g, u, n, act);
 }
@@ -323,7 +260,8 @@ int llama_forward(const Dims *dm, int64_t n_layers, const Mat *w, const float *c
     float *scores = malloc(sizeof(float) * (size_t)(H * T * (most_keys + 1)));
     ok = ok && scores;
     int64_t n_cap = 0;
-    const int vec = dm->path == 1 ? 1 : (have_avx2() ? 2 : 1);      /* the vector path where the CPU has it */
+    /* the vector path where the CPU has it: 3 = 512-bit attention (with path 0 or a 512-bit product path) */
+    const int vec = dm->path == 1 ? 1 : ((dm->path == 0 || dm->path >= 4) && have_vnni512()) ? 3 : have_avx2() ? 2 : 1;
     for (int64_t l = 0; ok && l < n_layers; l++) {
         float *K = kc + l * slots * KV * cap * hd, *V = vc + l * slots * KV * cap * hd;   /* layer l, slot 0 */
         double t0 = now();
