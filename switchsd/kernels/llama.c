@@ -89,8 +89,18 @@ static void rms(const float *x, const float *w, int64_t d, float eps, float *out
     for (int64_t i = 0; i < d; i++) out[i] = w[i] * (x[i] * r);
 }
 
+/* q4q8.c's Q4 and Q8_0 layouts are qx.c's kinds QX_MINS and QX_Q8 with the same arithmetic: on 512-bit vectors they
+   run through qx.c's pair kernel (an even number of column groups). */
+static int via_qx512(const Mat *m, int p, int path) {
+    return (m->kind[p] == KIND_Q4Q8 || m->kind[p] == KIND_Q8) && (m->n[p] / GROUP_COLS) % 2 == 0 &&
+           (path == 0 || path >= 4) && have_vnni512();
+}
+
 static void part_product(const Mat *m, int p, const float *x, int64_t rows, int64_t k, float *y, Work *wk, int path) {
-    if (m->kind[p] <= KIND_F16) f16_matmul((const uint16_t *)m->w[p], m->kind[p] == KIND_BF16, x, rows, m->n[p], k, y, path);
+    if (via_qx512(m, p, path))
+        qx_matmul_quantized(m->w[p], m->kind[p] == KIND_Q8 ? QX_Q8 : QX_MINS, wk->q8, wk->dx, wk->sx, wk->qs, rows,
+                            m->n[p], k, y, 4);
+    else if (m->kind[p] <= KIND_F16) f16_matmul((const uint16_t *)m->w[p], m->kind[p] == KIND_BF16, x, rows, m->n[p], k, y, path);
     else if (m->kind[p] == KIND_Q4Q8) q4q8_matmul_quantized(m->w[p], wk->q8, wk->dx, wk->sx, rows, m->n[p], k, y, path);
     else if (m->kind[p] == KIND_Q8) q8_matmul_quantized(m->w[p], wk->q8, wk->dx, rows, m->n[p], k, y, path);
     else qx_matmul_quantized(m->w[p], m->kind[p], wk->q8, wk->dx, wk->sx, wk->qs, rows, m->n[p], k, y, path);
@@ -102,7 +112,7 @@ static void product(const Mat *m, const float *x, int64_t rows, int64_t k, float
     int quantised = 0, sums = 0;
     for (int p = 0; p < m->parts; p++) {
         quantised |= m->kind[p] > KIND_F16;
-        sums |= m->kind[p] >= 0;
+        sums |= m->kind[p] >= 0 || via_qx512(m, p, path);
     }
     if (quantised) q4q8_quantize(x, rows, k, wk->q8, wk->dx, wk->sx);
     if (sums) qx_sums(wk->q8, rows, k, wk->qs);

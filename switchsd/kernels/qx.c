@@ -29,6 +29,8 @@ dw = d * sc and mw = -dmin * m, computed in float32 where used (exact: the same 
 #define QX_MINS 4
 #define QX_SUPER 8                  /* scales as K types hold them: float16 d per 256, integer sc per 16 or 32 */
 #define QX_BYTES 16                 /* codes as whole bytes (no unpacking): Q5_0 / Q5_1 always, K types by choice */
+#define QX_SIGNED 32                /* bytes as signed codes, read as code + 128 (off 128): Q8_0's blocks, 512-bit only */
+#define QX_Q8 (QX_BYTES | QX_SIGNED | 128 << 8)    /* q4q8.c's Q8_0 layout, its arithmetic */
 #define SUPER_BLOCKS 8
 #ifndef PREFETCH
 #define PREFETCH 16384              /* bytes ahead of the block being read: more misses in flight than the streamer */
@@ -360,13 +362,17 @@ static inline __m512 join256ps(__m256 a, __m256 b) { return _mm512_insertf32x8(_
    lanes 0-7 the first group's outputs, 8-15 the second's (qx_codes on both halves). */
 __attribute__((target(V512), always_inline))
 static inline void qx_codes512(const uint8_t *blk, const uint8_t *blk2, int h, const int HIGH, const int BYTES,
-                               __m512i *lo, __m512i *hi) {
+                               const int SIGNED, __m512i *lo, __m512i *hi) {
     const __m512i low = _mm512_set1_epi8(0x0F), three = _mm512_set1_epi8(3);
     if (BYTES) {                                       /* whole bytes */
         *lo = join256(_mm256_loadu_si256((const __m256i *)(blk + 64 * h)),
                       _mm256_loadu_si256((const __m256i *)(blk2 + 64 * h)));
         *hi = join256(_mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32)),
                       _mm256_loadu_si256((const __m256i *)(blk2 + 64 * h + 32)));
+        if (SIGNED) {                                  /* int8 c as the unsigned byte c + 128 */
+            *lo = _mm512_xor_si512(*lo, _mm512_set1_epi8((char)0x80));
+            *hi = _mm512_xor_si512(*hi, _mm512_set1_epi8((char)0x80));
+        }
         return;
     }
     __m512i packed = join256(_mm256_loadu_si256((const __m256i *)(blk + 32 * h)),
@@ -475,7 +481,8 @@ static inline __m512 qx_magic_ps(__m512i s) {
 __attribute__((target(V512), always_inline))
 static inline void qx_vnni512_rows(const uint8_t *w, int64_t B, int64_t nb, int kind, const int8_t *q8, const float *dx,
                                    const float *sx, const int32_t *qs16, int64_t k, float *y, int64_t n, const int R,
-                                   const int HIGH, const int SUB16, const int MINS, const int SUPER, const int BYTES) {
+                                   const int HIGH, const int SUB16, const int MINS, const int SUPER, const int BYTES,
+                                   const int SIGNED) {
     const int64_t off = kind >> 8, BB = qx_bb(HIGH, SUB16, MINS, SUPER, BYTES), HB = qx_hb(MINS, SUPER);
     const int subs = SUB16 ? 2 : 1;
     __m512 acc[VROWS], d = _mm512_setzero_ps(), nd = _mm512_setzero_ps();
@@ -502,7 +509,7 @@ static inline void qx_vnni512_rows(const uint8_t *w, int64_t B, int64_t nb, int 
             }
             for (int h = 2 * j; h < (SUB16 ? 2 * j + 2 : 4); h++) {
                 __m512i lo, hi;
-                qx_codes512(blk, blk2, h, HIGH, BYTES, &lo, &hi);
+                qx_codes512(blk, blk2, h, HIGH, BYTES, SIGNED, &lo, &hi);
                 for (int i = 0; i < R; i++) {
                     const int8_t *xq = q8 + i * k + b * QK + 8 * h;
                     int32_t a, c;
@@ -528,7 +535,7 @@ static inline void qx_vnni512_rows(const uint8_t *w, int64_t B, int64_t nb, int 
 
 #define QX_ARGS512(r) nb, kind, q8 + (r) * k, dx + (r) * nb, sx + (r) * nb, qs16 + (r) * (k / 16)
 #define QX_CALL512(F, RR) \
-    qx_vnni512_rows(w, B, QX_ARGS512(r), k, yg + r * n, n, RR, F & 1, F & 2, F & 4, F & 8, F & 16)
+    qx_vnni512_rows(w, B, QX_ARGS512(r), k, yg + r * n, n, RR, F & 1, F & 2, F & 4, F & 8, F & 16, F & 32)
 /* rows in passes of 8, then one pass for the rest (each pass unpacks the codes once) */
 #define QX_SETS512(F)                                                                                            \
     for (; r + 8 <= rows; r += 8) QX_CALL512(F, 8);                                                              \
@@ -550,7 +557,9 @@ static int qx_pair_vnni512(const uint8_t *w, int64_t B, int64_t nb, int kind, co
                            const float *sx, const int32_t *qs16, int64_t rows, int64_t k, float *y, int64_t n, int64_t g) {
     int64_t r = 0;
     float *yg = y + g * GROUP_COLS;
-    switch (kind & 31) {
+    switch (kind & 63) {          /* also q4q8.c's layouts: Q4_0 / Q4_1 (4: mins, nibbles), Q8_0 (48) */
+        case 4: QX_SETS512(4)
+        case 48: QX_SETS512(48)
         case 17: QX_SETS512(17)
         case 21: QX_SETS512(21)
         case 12: QX_SETS512(12)

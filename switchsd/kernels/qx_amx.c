@@ -85,7 +85,7 @@ static inline void qx_amx_rows(const uint8_t *w, int64_t B, int64_t nb, int kind
             uint8_t *bt = bts[b & 1];
             for (int h = 0; h < 4; h++) {
                 __m512i lo, hi;
-                qx_codes512(blk, blk2, h, HIGH, BYTES, &lo, &hi);
+                qx_codes512(blk, blk2, h, HIGH, BYTES, 0, &lo, &hi);
                 _mm512_store_si512((__m512i *)(bt + 128 * h), lo);
                 _mm512_store_si512((__m512i *)(bt + 128 * h + 64), hi);
             }
