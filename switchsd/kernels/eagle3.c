@@ -15,7 +15,12 @@ computed alone, as in llama.c: a tree level's rows are the rows a chain would co
 static void product8(const uint8_t *w, const float *x, int64_t rows, int64_t n, int64_t k, float *y, Work *wk,
                      int path) {
     q4q8_quantize(x, rows, k, wk->q8, wk->dx, wk->sx);
-    q8_matmul_quantized(w, wk->q8, wk->dx, rows, n, k, y, path);
+    if (wide512(n, path)) {                       /* qx.c's pair kernel, as llama.c's products (the same bits) */
+        qx_sums(wk->q8, rows, k, wk->qs);
+        qx_matmul_quantized(w, QX_Q8, wk->q8, wk->dx, wk->sx, wk->qs, rows, n, k, y, 4);
+    } else {
+        q8_matmul_quantized(w, wk->q8, wk->dx, rows, n, k, y, path);
+    }
 }
 
 /* emb, h, out [T, d]. w: q|k|v [(H + 2 KV) hd, 2d], o [d, H hd], gate|up [2I, d], down [d, I], each packed by
@@ -32,7 +37,7 @@ int eagle3_step(const Dims *dm, const uint8_t *const *w, const float *const *nor
     int ok = work_alloc(&wk, T, kmax, 2 * d, nq, H * hd, I, d);
     float *scores = malloc(sizeof(float) * (size_t)(H * T * (most_keys + 1)));
     ok = ok && scores;
-    const int vec = dm->path == 1 ? 1 : (have_avx2() ? 2 : 1);
+    const int vec = vector_path(dm->path);
     if (ok) {
         for (int64_t t = 0; t < T; t++) {
             rms(emb + t * d, norms[0], d, dm->eps, wk.h + t * 2 * d);

@@ -91,9 +91,17 @@ static void rms(const float *x, const float *w, int64_t d, float eps, float *out
 
 /* q4q8.c's Q4 and Q8_0 layouts are qx.c's kinds QX_MINS and QX_Q8 with the same arithmetic: on 512-bit vectors they
    run through qx.c's pair kernel (an even number of column groups). */
+static int wide512(int64_t n, int path) {
+    return (n / GROUP_COLS) % 2 == 0 && (path == 0 || path >= 4) && have_vnni512();
+}
 static int via_qx512(const Mat *m, int p, int path) {
-    return (m->kind[p] == KIND_Q4Q8 || m->kind[p] == KIND_Q8) && (m->n[p] / GROUP_COLS) % 2 == 0 &&
-           (path == 0 || path >= 4) && have_vnni512();
+    return (m->kind[p] == KIND_Q4Q8 || m->kind[p] == KIND_Q8) && wide512(m->n[p], path);
+}
+
+/* The attention and SwiGLU path for a product path: 3 = 512-bit attention (path 0 or a 512-bit product path, where
+   the CPU has it), 2 = AVX2, 1 = portable. */
+static int vector_path(int path) {
+    return path == 1 ? 1 : ((path == 0 || path >= 4) && have_vnni512()) ? 3 : have_avx2() ? 2 : 1;
 }
 
 static void part_product(const Mat *m, int p, const float *x, int64_t rows, int64_t k, float *y, Work *wk, int path) {
@@ -270,8 +278,7 @@ int llama_forward(const Dims *dm, int64_t n_layers, const Mat *w, const float *c
     float *scores = malloc(sizeof(float) * (size_t)(H * T * (most_keys + 1)));
     ok = ok && scores;
     int64_t n_cap = 0;
-    /* the vector path where the CPU has it: 3 = 512-bit attention (with path 0 or a 512-bit product path) */
-    const int vec = dm->path == 1 ? 1 : ((dm->path == 0 || dm->path >= 4) && have_vnni512()) ? 3 : have_avx2() ? 2 : 1;
+    const int vec = vector_path(dm->path);
     for (int64_t l = 0; ok && l < n_layers; l++) {
         float *K = kc + l * slots * KV * cap * hd, *V = vc + l * slots * KV * cap * hd;   /* layer l, slot 0 */
         double t0 = now();
