@@ -126,14 +126,15 @@ SIZES = ("Random weights in the shapes users run (real vocabularies, rope and la
 def machine_files(m: Machine) -> list[str]:
     """A machine's files table, its machine / commit lines, records, one command and the texts that differ."""
     out = [f"### {m.label}", "", *files_table(m.files), ""]
-    seen = set()
+    by_commit: dict[str, list[dict]] = {}
     for _, rec in m.files:
-        c = rec["commit"]
-        if c.get("sha") not in seen:
-            seen.add(c.get("sha"))
-            out.append(f"Machine: {machine_label(rec['machine'])}; commit `{(c.get('sha') or '?')[:10]}`"
-                       f"{' (with uncommitted changes)' if c.get('dirty') else ''}; llama.cpp "
-                       f"{rec['versions'].get('llama_cpp') or '-'}.")
+        by_commit.setdefault(rec["commit"].get("sha") or "?", []).append(rec)
+    for sha, recs in by_commit.items():
+        rec = recs[0]
+        files = "" if len(by_commit) == 1 else " (" + ", ".join(dict.fromkeys(_file_type(r) for r in recs)) + ")"
+        out.append(f"Machine: {machine_label(rec['machine'])}; commit `{sha[:10]}`{files}"
+                   f"{' (with uncommitted changes)' if any(r['commit'].get('dirty') for r in recs) else ''}; "
+                   f"llama.cpp {rec['versions'].get('llama_cpp') or '-'}.")
     out += ["", "Records and commands: " + ", ".join(f"`{m.path(n)}`" for n, _ in m.files) + "; e.g.",
             "", f"    {m.files[0][1]['command'].replace('python -m switchsd', 'switchsd')}", ""]
     for _, rec in m.files:
