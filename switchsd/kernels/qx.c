@@ -355,8 +355,6 @@ static void qx_group_vnni(const uint8_t *w, int64_t nb, int kind, const int8_t *
 #define V512 "avx2,fma,f16c,avx512f,avx512vl,avx512vnni,avx512bw,avx512dq"
 __attribute__((target(V512), always_inline))
 static inline __m512i join256(__m256i a, __m256i b) { return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1); }
-__attribute__((target(V512), always_inline))
-static inline __m512 join256ps(__m256 a, __m256 b) { return _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1); }
 
 /* Vector h (0..3) of a block of groups g and g + 1 (blk, blk2): lo, hi the codes at k = 8h + j and 8h + 4 + j (j = 0..3),
    lanes 0-7 the first group's outputs, 8-15 the second's (qx_codes on both halves). */
@@ -387,14 +385,6 @@ static inline void qx_codes512(const uint8_t *blk, const uint8_t *blk2, int h, c
         *hi = _mm512_or_si512(*hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), three), 4));
     }
 }
-
-/* Bytes of a block's codes and scales (qx_block_bytes) and of a super-block's header, from the kernel's flags. */
-static inline int64_t qx_bb(const int HIGH, const int SUB16, const int MINS, const int SUPER, const int BYTES) {
-    const int64_t subs = SUB16 ? 2 : 1, codes = BYTES ? 256 : HIGH ? 192 : 128;
-    return SUPER ? codes + GROUP_COLS * subs + (MINS ? GROUP_COLS : 0)
-                 : codes + 2 * GROUP_COLS * subs + (MINS ? 2 * GROUP_COLS : 0);
-}
-static inline int64_t qx_hb(const int MINS, const int SUPER) { return SUPER ? 2 * GROUP_COLS * (MINS ? 2 : 1) : 0; }
 
 /* Eight float16 of group g (at p) and eight of group g + 1 (at p + B) as 16 float32 lanes. */
 __attribute__((target(V512), always_inline))
@@ -437,17 +427,6 @@ static inline void qx_block_scales512(const uint8_t *blk, int64_t B, __m512 d, _
     }
 }
 
-/* The scales of a block of groups g and g + 1 (hdr: its super-block's header; K types). */
-__attribute__((target(V512), always_inline))
-static inline void qx_scales512(const uint8_t *blk, const uint8_t *blk2, const uint8_t *hdr, int64_t B, const int HIGH,
-                                const int SUB16, const int MINS, const int SUPER, const int BYTES, __m512 dw[2],
-                                __m512 *mw) {
-    __m512 d = _mm512_setzero_ps(), nd = _mm512_setzero_ps();
-    (void)blk2;
-    if (SUPER) qx_super512(hdr, B, MINS, &d, &nd);
-    qx_block_scales512(blk, B, d, nd, HIGH, SUB16, MINS, SUPER, BYTES, dw, mw);
-}
-
 /* acc += a block's contribution for one row on 16 lanes (qx_accumulate's operations, lane by lane). */
 __attribute__((target(V512), always_inline))
 static inline __m512 qx_accumulate512(__m512 acc, const __m512i s32[2], const __m512 dw[2], __m512 mw, float dx,
@@ -483,7 +462,8 @@ static inline void qx_vnni512_rows(const uint8_t *w, int64_t B, int64_t nb, int 
                                    const float *sx, const int32_t *qs16, int64_t k, float *y, int64_t n, const int R,
                                    const int HIGH, const int SUB16, const int MINS, const int SUPER, const int BYTES,
                                    const int SIGNED) {
-    const int64_t off = kind >> 8, BB = qx_bb(HIGH, SUB16, MINS, SUPER, BYTES), HB = qx_hb(MINS, SUPER);
+    const int flags = HIGH | SUB16 | MINS | SUPER | BYTES;       /* the flag bits themselves: sizes fold to constants */
+    const int64_t off = kind >> 8, BB = qx_block_bytes(flags), HB = qx_header_bytes(flags);
     const int subs = SUB16 ? 2 : 1;
     __m512 acc[VROWS], d = _mm512_setzero_ps(), nd = _mm512_setzero_ps();
     for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();

@@ -114,10 +114,10 @@ static inline void qx_amx_rows(const uint8_t *w, int64_t B, int64_t nb, int kind
         if (c < 1) continue;
         c = c - 1;                                                 /* and block c - 1's, stored a block ago, scaled */
         int32_t (*ct)[AMX_ROWS * 16] = cts[c & 1];
-        const uint8_t *blk = w + qx_block_at(kind, c), *blk2 = blk + B;
-        const uint8_t *hdr = w + qx_block_at(kind, c - c % SUPER_BLOCKS) - qx_header_bytes(kind);
-        __m512 dw[2], mw;
-        qx_scales512(blk, blk2, hdr, B, HIGH, SUB16, MINS, SUPER, BYTES, dw, &mw);
+        const uint8_t *blk = w + qx_block_at(kind, c);
+        __m512 dw[2], mw = _mm512_setzero_ps(), d = mw, nd = mw;
+        if (SUPER) qx_super512(w + qx_block_at(kind, c - c % SUPER_BLOCKS) - qx_header_bytes(kind), B, MINS, &d, &nd);
+        qx_block_scales512(blk, B, d, nd, HIGH, SUB16, MINS, SUPER, BYTES, dw, &mw);
         for (int i = 0; i < R; i++) {
             __m512i s32[2] = {_mm512_load_si512((const __m512i *)(ct[0] + 16 * i)),
                               _mm512_load_si512((const __m512i *)(ct[1] + 16 * i))};
