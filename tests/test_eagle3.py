@@ -793,3 +793,31 @@ def test_the_q8_head_s_layer_in_c_is_its_torch_layer(trained_head):
     assert torch.equal(level[0][0], torch.cat([o[0][0] for o in one]))
     assert torch.equal(fast.logits(level[0][0]), torch.cat([fast.logits(o[0][0]) for o in one]))
     assert close(fast.logits(level[0][0]), Eagle3Head.logits(fast, level[0][0]))
+
+
+def test_the_q8_head_drafts_in_place_what_the_copying_path_drafts(target, trained_head):
+    """The Q8 head's catch-ups and greedy chains write their K/V into a cache with room (`HeadCache`) instead of
+    copying the past each step: the same chains and confidences, catch-up by catch-up, as the copying path, the
+    stable entries the same K/V, and a grown cache keeps them."""
+    import copy
+
+    from switchsd.drafters.eagle3_q8 import HeadCache
+    target32 = copy.deepcopy(target).float()
+    fast, slow = (Eagle3Drafter(copy.deepcopy(trained_head).float(), target32, chain=True, gamma=4) for _ in range(2))
+    ids = random_prompt(7, 320)
+    feats = target32(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    for d in (fast, slow):
+        d.reset(ids[:1])
+    slow.kv = None                                                       # the copying path
+    assert isinstance(fast.kv, HeadCache)
+    keep = lambda i, c: True                                             # noqa: E731  (whole chains)
+    for end in (250, 251, 253, 280, 300, 310):        # catch-ups of 128 (the window), 1, 2, 27, 20 and 10 rows
+        for d in (fast, slow):
+            d.extend(ids[:end + 1], 0)
+            start = d.paired
+            d.add_features({s: feats[s[0] + 1][0, start:end] for s in d.sites})
+        a, b = (d.confident_chain(DraftRequest(tokens=ids[:end + 1], max_len=4, budget=8), keep) for d in (fast, slow))
+        assert a[0].candidates == b[0].candidates and len(a[0].candidates[0]) == 4 and a[1] == b[1]
+        assert torch.equal(fast.k, slow.k) and torch.equal(fast.v, slow.v)
+    fast.kv.room(300)                                                    # grown: the entries kept, the views too
+    assert fast.kv.cap >= 300 and torch.equal(fast.kv.views(fast.cached)[0], slow.k)

@@ -27,7 +27,7 @@ from .events import StepEvent, summarize
 from .policies import Policy, PolicyState
 from .rules import parse_rule
 from .tree import TokenTree, build_tree, tree_mask, tree_positions, with_extra
-from .verify import accept_greedy, accept_rule, accept_sampling, target_probs
+from .verify import accept_greedy, accept_rule, accept_sampling, greedy_tokens, target_probs
 
 
 class Target(Protocol):
@@ -146,7 +146,7 @@ class Decoder:
         cfg, sampling, tree = self.cfg, self.cfg.sampling, plan.tree
         accept_probs = overshoot = None
         if sampling.greedy:
-            rows, bonus = accept_greedy(tree, logits.argmax(-1).tolist())
+            rows, bonus = accept_greedy(tree, greedy_tokens(logits).tolist())
         elif self.rule.name == "lossless":
             rows, bonus = accept_sampling(tree, lambda r: target_probs(logits[r], sampling).cpu(), generator)
         else:

@@ -15,7 +15,7 @@ import torch
 from ..core.cache import KVCache, check_grew
 from ..core.config import SamplingConfig
 from ..core.drafting import Draft, DraftRequest
-from ..core.verify import target_probs
+from ..core.verify import greedy_tokens, target_probs
 
 
 class DraftModelDrafter:
@@ -72,7 +72,7 @@ class DraftModelDrafter:
             check_grew(self.cache, before, len(feed))
             self.seen += feed
             if self.sampling.greedy:
-                tok = int(logits.argmax())
+                tok = int(greedy_tokens(logits))
                 if tok >= self.vocab:
                     break
             else:

@@ -20,10 +20,10 @@ import torch
 
 from ..core.config import SamplingConfig, TreeConfig
 from ..core.drafting import Draft, DraftRequest
-from ..core.verify import target_probs
+from ..core.verify import greedy_tokens, target_probs
 from ..models.dense import attention_dtype
 from .eagle3_model import Eagle3Head
-from .eagle3_q8 import q8_head
+from .eagle3_q8 import Q8Eagle3Head, q8_head
 
 
 def target_dist(head: Eagle3Head, out: torch.Tensor, sampling: SamplingConfig, vocab: int) -> torch.Tensor:
@@ -104,6 +104,8 @@ class Eagle3Drafter:
     # -- protocol ------------------------------------------------------------------------------------------
     def reset(self, tokens: Sequence[int]) -> None:
         self.k = self.v = None          # stable KV [1, kvh, S, hd]; S <= positions paired (gaps: `catch_up`)
+        # the Q8 head on a CPU writes its K/V in place (self.k, self.v: views of the first S entries)
+        self.kv = self.head.new_cache() if isinstance(self.head, Q8Eagle3Head) else None
         self.paired = 0                 # positions paired so far (the next catch-up starts here)
         self.pending: list[list[torch.Tensor]] = []   # per step, the fused layers' features [n, Ht] each, not yet
                                                       # in the stable cache (joined at the next catch-up)
@@ -147,6 +149,13 @@ class Eagle3Drafter:
         self.paired += n
         if self.catch_up is not None and n > self.catch_up:          # only the latest positions enter the cache
             start, n, g = start + n - self.catch_up, self.catch_up, g[n - self.catch_up:]
+        if self.kv is not None:         # C calls straight into the cache: no copies of the past
+            S = self.cached
+            emb = self.embed.weight[self.tokens[start + 1:start + 1 + n]].float()          # [n, H]
+            out = self.head.run(emb, self.head.fused(g.float()), start, self.kv, S)
+            self.k, self.v = self.kv.views(S + n)
+            self.last_out = out[-1]
+            return self.last_out
         dev = g.device
         toks = torch.tensor(self.tokens[start + 1:start + 1 + n], device=self.embed.weight.device)
         fc = (self._for_rows(n) or self.head).fc
@@ -215,13 +224,15 @@ class Eagle3Drafter:
 
     def _chain(self, out: torch.Tensor, base: int, n: int,
                keep: Callable[[int, float], bool] | None = None) -> tuple[Draft, list[float]]:
+        if self.kv is not None and self.sampling.greedy:
+            return self._chain_kv(out, base, n, keep)
         toks, qs, conf = [], [], []     # greedy: token tensors, read back in one host sync at the end
         k, v = self.k, self.v
         greedy = self.sampling.greedy
         for i in range(n):
             if greedy:
                 logits = self.head.logits(out)                                                # [Vd]
-                tok = self.head.to_target_ids(logits.argmax(-1)).view(1)                      # [1] on device
+                tok = self.head.to_target_ids(greedy_tokens(logits)).view(1)                      # [1] on device
                 if keep is not None:        # a host sync per token: the price of stopping early
                     conf.append(float(torch.softmax(logits.float(), -1).max()))
             else:
@@ -238,6 +249,31 @@ class Eagle3Drafter:
             k, v = torch.cat([k, k1], 2), torch.cat([v, v1], 2)
             out = o[0, -1]
         return Draft([torch.cat(toks).tolist()], q=[qs] if qs else None), conf
+
+    def _chain_kv(self, out: torch.Tensor, base: int, n: int,
+                  keep: Callable[[int, float], bool] | None) -> tuple[Draft, list[float]]:
+        """`_chain` at T = 0 for the Q8 head on a CPU: host integers, the draft's K/V past the stable entries."""
+        toks: list[int] = []
+        conf: list[float] = []
+        S = self.cached
+        for i in range(n):
+            logits = self.head.logits(out)                                                    # [Vd]
+            d = int(greedy_tokens(logits))
+            toks.append(d + self._d2t[d])
+            if keep is not None:
+                conf.append(float(torch.softmax(logits.float(), -1).max()))
+            if i == n - 1 or (keep is not None and not keep(i + 1, conf[-1])):
+                break
+            emb = self.embed.weight[toks[-1]].float()[None]                                   # [1, H]
+            out = self.head.run(emb, out[None], base + i, self.kv, S + i)[0]
+        return Draft([toks]), conf
+
+    @property
+    def _d2t(self) -> list[int]:
+        """The head's draft-to-target id offsets as host integers (read once)."""
+        if getattr(self, "_d2t_list", None) is None:
+            self._d2t_list = self.head.d2t.tolist()
+        return self._d2t_list
 
     def _tree(self, out: torch.Tensor, base: int, req: DraftRequest) -> Draft:
         """EAGLE-2: expand the top_k best nodes per level by cumulative log-prob, then keep the best

@@ -4,8 +4,12 @@
     out, k, v = fast.step(emb, h, pos, past_k, past_v, mask)      # as Eagle3Head.step; [1, T, H] rows
     logits = fast.logits(out)                                     # the final norm and the LM head, in C
 
+    cache = fast.new_cache()                                      # K/V with room: `HeadCache`
+    out = fast.run(emb, fast.fused(g), pos, cache, at)            # [T, H]; K/V written in place at entries at..
+
 A drafting step reads a quarter of float32's bytes and makes three C calls (the layer, the LM head, `fc` at a
-catch-up) instead of some forty torch operations. Drafts only: verification decides what is kept, and at T > 0
+catch-up) instead of some forty torch operations; the drafter's CPU chains (`run`) write K/V in place, never
+copying the past. Drafts only: verification decides what is kept, and at T > 0
 the q a draft carries is this head's.
 """
 from __future__ import annotations
@@ -43,6 +47,8 @@ def _lib() -> ctypes.CDLL:
         lib.eagle3_step.restype = ctypes.c_int
         lib.llama_head.argtypes = [ctypes.POINTER(Dims), _P, _I, _P, ctypes.POINTER(Mat), _P]
         lib.llama_head.restype = ctypes.c_int
+        lib.llama_product.argtypes = [ctypes.POINTER(Mat), _P, _I, _I, _P, ctypes.c_int]
+        lib.llama_product.restype = ctypes.c_int
         lib._typed = True
     return lib
 
@@ -66,6 +72,7 @@ class Q8Eagle3Head(Eagle3Head):
             setattr(owner, name, _Q8(getattr(owner, name).weight))
         fast._lm = fast.lm_head.q8
         fast._lm_mat = mat([fast._lm])
+        fast._fc_mat = mat([fast.fc.q8])
         fast._norms = [m.input_layernorm.weight.contiguous(), m.hidden_norm.weight.contiguous(),
                        m.post_attention_layernorm.weight.contiguous()]
         c = head.config
@@ -118,6 +125,65 @@ class Q8Eagle3Head(Eagle3Head):
         if rc:
             raise MemoryError("EAGLE-3 head logits: out of memory")
         return y.view(*out.shape[:-1], -1)
+
+
+    # -- drafting straight into a cache with room (`HeadCache`): no copies of the past, few torch operations --
+    def fused(self, g: torch.Tensor) -> torch.Tensor:
+        """fc over the fused target features g [n, 3 Ht] float32 -> [n, H] (one C call)."""
+        g = g.contiguous()
+        n, k = g.shape
+        y = torch.empty(n, self.config.hidden_size)
+        if self._lib.llama_product(ctypes.byref(self._fc_mat), g.data_ptr(), n, k, y.data_ptr(), 0):
+            raise MemoryError("EAGLE-3 head fc: out of memory")
+        return y
+
+    def run(self, emb: torch.Tensor, h: torch.Tensor, pos: int, cache: "HeadCache", at: int) -> torch.Tensor:
+        """The layer over T rows (emb, h [T, H] float32) at rotary positions pos .. pos + T - 1, their K/V written to
+        cache entries at .. at + T - 1, row t seeing entries 0 .. at + t (what `step` computes for past entries
+        0 .. at - 1, without copying them). Returns out [T, H]."""
+        T = emb.shape[0]
+        cache.room(at + T)
+        if self._cos.shape[0] < pos + T:
+            self._cos, self._sin = rotary_tables(self._inv, max(pos + T, 2 * self._cos.shape[0]))
+        off, keys = Q4Q8Llama.keys_seen(at, T, None)
+        wpos = torch.arange(at, at + T, dtype=torch.int32)
+        out = torch.empty(T, self.config.hidden_size)
+        rc = self._lib.eagle3_step(ctypes.byref(self._dims), self._w, self._n, emb.contiguous().data_ptr(),
+                                   h.contiguous().data_ptr(), T, cache.k.data_ptr(), cache.v.data_ptr(), cache.cap,
+                                   wpos.data_ptr(), self._cos[pos:pos + T].data_ptr(),
+                                   self._sin[pos:pos + T].data_ptr(), off.data_ptr(), keys.data_ptr(), out.data_ptr())
+        if rc:
+            raise MemoryError("EAGLE-3 head step: out of memory")
+        return out
+
+    def new_cache(self) -> "HeadCache":
+        c = self.config
+        return HeadCache(c.num_key_value_heads, c.head_dim)
+
+
+class HeadCache:
+    """The Q8 head's K/V, k and v [KV, cap, hd] float32, grown by doubling: the drafter's stable entries first, a
+    draft's own entries after them (overwritten by the next catch-up)."""
+
+    def __init__(self, kv_heads: int, head_dim: int, cap: int = 256):
+        self.k = torch.empty(kv_heads, cap, head_dim)
+        self.v = torch.empty_like(self.k)
+
+    @property
+    def cap(self) -> int:
+        return self.k.shape[1]
+
+    def room(self, n: int) -> None:
+        """At least n entries, the present ones kept."""
+        if n > self.cap:
+            k, v = self.k, self.v
+            self.k = torch.empty(k.shape[0], max(n, 2 * self.cap), k.shape[2])
+            self.v = torch.empty_like(self.k)
+            self.k[:, :k.shape[1]], self.v[:, :v.shape[1]] = k, v
+
+    def views(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first n entries as the drafter's [1, KV, n, hd] (views, not copies)."""
+        return self.k[None, :, :n], self.v[None, :, :n]
 
 
 def q8_head(head: Eagle3Head) -> Eagle3Head | None:

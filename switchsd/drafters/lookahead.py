@@ -26,6 +26,7 @@ from typing import Sequence
 import torch
 
 from ..core.drafting import Draft, DraftRequest, Extra
+from ..core.verify import greedy_tokens
 
 
 class LookaheadDrafter:
@@ -85,7 +86,7 @@ class LookaheadDrafter:
     def absorb(self, logits: torch.Tensor) -> None:
         """The window's outputs [E, V]: new level from the last level's rows, n-grams into the pool, shift."""
         last = logits[-self.W:]                                           # level N-2, columns 0..W-1
-        new = last.argmax(-1).tolist()
+        new = greedy_tokens(last).tolist()
         lv = self.levels
         for c in range(self.W):
             key = self.key if c == 0 else lv[0][c - 1]

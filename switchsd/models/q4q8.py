@@ -247,8 +247,10 @@ class Q4Q8Llama:
         """(offsets [T + 1], positions) int32: row t attends the cache positions positions[off[t]:off[t + 1]]."""
         if mask is None and T == 1:                          # a one-row step sees every position: 0 .. start
             return torch.tensor([0, start + 1], dtype=torch.int32), _positions(start + 1)
-        if mask is None:
-            return _csr(torch.ones(T, start + T, dtype=torch.bool).tril(start))
+        if mask is None:                                     # causal: row t sees 0 .. start + t
+            off = torch.zeros(T + 1, dtype=torch.int32)
+            off[1:] = torch.arange(start + 1, start + T + 1, dtype=torch.int32).cumsum(0)
+            return off, torch.cat([_positions(start + 1 + t) for t in range(T)])
         return _csr(_visible(mask)[0])                                                # [T, start + T]
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
