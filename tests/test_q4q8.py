@@ -130,32 +130,36 @@ def test_real_model_q4q8_decodes_and_methods_equal_its_vanilla():
         assert drafted > 0 and accepted > 0, (method, gen.stats["paths"])
 
 
-@pytest.mark.parametrize("hidden,heads,q8", [(128, 2, False), (256, 2, False), (96, 3, False), (128, 2, True)])
-def test_the_vector_and_portable_paths_compute_the_same_bits(hidden, heads, q8):
+@pytest.mark.parametrize("hidden,heads,q8,path", [(128, 2, False, "auto"), (256, 2, False, "auto"),
+                                                   (96, 3, False, "auto"), (128, 2, True, "auto"),
+                                                   (96, 3, False, "avx2")])
+def test_the_vector_and_portable_paths_compute_the_same_bits(hidden, heads, q8, path):
     """The vector attention (AVX2, 512-bit), SwiGLU and products against the portable C paths, whole forwards (a
     prefill, then a chain over the cached prefix): the same operations in the same order, so the same logits and
     states. Heads of 64, 128 (two 64-output passes) and 32 (a part pass); not 8, which would let the next product's
     8-bit rounding hide a changed sum (a planted change of the AVX2 dot product's reduction tree passes there and
     fails here). With `q8` the o projection and the head are Q8_0 blocks, the head's 72 outputs an odd number of
-    column groups (the 512-bit pair kernel takes the others)."""
+    column groups (the 512-bit pair kernel takes the others). One kv head: on 512-bit vectors the heads and rows
+    share it in groups (their key lists differ at the ends). The `avx2` case runs the AVX2 path on a CPU whose
+    best is 512-bit (a mul-then-add planted in either path's fused sums fails its case)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from switchsd.kernels import q4q8
     from switchsd.kernels.q4q8 import Q8Linear
-    if q4q8.best_path() == "portable":
-        pytest.skip("this CPU has only the portable path")
+    if q4q8.best_path() == "portable" or path not in q4q8.available_paths() + ["auto"]:
+        pytest.skip(f"this CPU lacks the {path} path")
     torch.manual_seed(3)
     cfg = LlamaConfig(vocab_size=72 if q8 else 64, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=heads,
                       num_key_value_heads=1, intermediate_size=256, max_position_embeddings=256)
     model = LlamaForCausalLM(cfg).eval()
-    fast, slow = Q4Q8Llama.quantized(model, "auto"), Q4Q8Llama.quantized(model, "portable")
+    fast, slow = Q4Q8Llama.quantized(model, path), Q4Q8Llama.quantized(model, "portable")
     if q8:
         def with_q8(fwd, path):
             q8_ = lambda lin: [Q8Linear.quantize(lin.weight.detach().float(), path)]      # noqa: E731
             layers = [[mats[0], q8_(block.self_attn.o_proj), mats[2], mats[3]]
                       for mats, block in zip(fwd.layers, model.model.layers)]
             return Q4Q8Llama(model, layers, q8_(model.lm_head), path)
-        fast, slow = with_q8(fast, "auto"), with_q8(slow, "portable")
+        fast, slow = with_q8(fast, path), with_q8(slow, "portable")
     prompt, chain = random_prompt(5, 60), random_prompt(6, 7)
     outs = []
     for fwd in (fast, slow):

@@ -52,13 +52,7 @@ int eagle3_step(const Dims *dm, const uint8_t *const *w, const float *const *nor
                 memcpy(vc + (j * cap + wpos[t]) * hd, row + (H + KV + j) * hd, sizeof(float) * (size_t)hd);
             }
         }
-#pragma omp parallel for schedule(static) collapse(2)
-        for (int64_t j = 0; j < H; j++)
-            for (int64_t t = 0; t < T; t++) {
-                int64_t g = j / (H / KV) * cap * hd;
-                attend(wk.qkv + t * nq + j * hd, kc + g, vc + g, keys + key_off[t], key_off[t + 1] - key_off[t], hd,
-                       dm->scale, scores + (t * H + j) * (most_keys + 1), wk.att + t * H * hd + j * hd, vec);
-            }
+        ok = attend_all(dm, wk.qkv, nq, T, kc, vc, cap, NULL, key_off, keys, scores, most_keys + 1, wk.att, vec) == 0;
         product8(w[1], wk.att, T, d, H * hd, wk.tmp, &wk, dm->path);
         for (int64_t i = 0; i < T * d; i++) out[i] = h[i] + wk.tmp[i];
         for (int64_t t = 0; t < T; t++) rms(out + t * d, norms[2], d, dm->eps, wk.h + t * d);

@@ -5,8 +5,9 @@ Per layer, per row (x the residual stream, float32):
   q|k|v = q4q8(h)           (q4q8.c); q and k rotated: y_i = x_i cos_i + x_{i+-hd/2} sin_i (sin signed, per row)
   k, v -> the cache at the row's position
   attention, per head, over the keys the row sees (ascending positions): s_j = (q . k_j) * scale (the dot
-      product as 8 lane sums and a fixed tree, `dot8`);
-      m = max s; p_j = exp(s_j - m); o = (sum_j p_j v_j) / (sum_j p_j), sums in order (exp: `exp_poly`)
+      product as 8 lane sums of fused multiply-adds and a fixed tree, `dot8`);
+      m = max s; p_j = exp(s_j - m); o = (sum_j p_j v_j) / (sum_j p_j), sums in order, p_j v_j fused into its sum
+      (exp: `exp_poly`)
   x = x + q4q8(o)           [capture "attn"]
   g|u = q4q8(rms(x) * norm2); x = x + q4q8(g / (1 + exp(-g)) * u)     [capture "mlp"]
 A row's result depends only on its own inputs and the keys it sees, never on how many rows share the call, so a
@@ -14,6 +15,7 @@ verify forward's rows equal, bit for bit, the one-row steps vanilla decoding mak
 output columns and the attention's heads; every sum runs on one thread in a fixed order.
 */
 #include "qx.c"
+#include <omp.h>
 #include <time.h>
 
 /* Where a forward's time goes: seconds per phase, summed over calls until `llama_profile` reads and clears them. */
@@ -172,11 +174,12 @@ static inline float exp_poly(float x) {
     return p * scale;
 }
 
-/* q . k over hd (a multiple of 8) as 8 lane sums, then a fixed tree: the same order on every path. */
+/* q . k over hd (a multiple of 8) as 8 lane sums of fused multiply-adds (fmaf: one rounding each, as the vector
+   paths' fmadd), then a fixed tree: the same order on every path. */
 static inline float dot8(const float *a, const float *b, int64_t n) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int64_t i = 0; i < n; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] = acc[j] + a[i + j] * b[i + j];
+        for (int j = 0; j < 8; j++) acc[j] = fmaf(a[i + j], b[i + j], acc[j]);
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
@@ -196,7 +199,7 @@ static void attend_portable(const float *q, const float *kc, const float *vc, co
         float p = scores[j];
         sum = sum + p;
         const float *v = vc + (int64_t)pos[j] * hd;
-        for (int64_t i = 0; i < hd; i++) out[i] = out[i] + p * v[i];
+        for (int64_t i = 0; i < hd; i++) out[i] = fmaf(p, v[i], out[i]);
     }
     for (int64_t i = 0; i < hd; i++) out[i] = out[i] / sum;
 }
@@ -252,6 +255,73 @@ static void attend(const float *q, const float *kc, const float *vc, const int32
     attend_portable(q, kc, vc, pos, n, hd, scale, scores, out);
 }
 
+/* Every row's every head: row t's head h reads its query at qkv + t nq + h hd and the keys keys[key_off[t] ..
+   key_off[t + 1]) of its slot (slot NULL: every row in slot 0) in K, V ([slots, KV, cap, hd] of one layer), and
+   writes att + (t H + h) hd; scores: `stride` floats per (t, h). On 512-bit vectors a kv head's queries from one
+   sequence go in groups (attend_group_512; a row's heads together, rows in order), at most GROUP to a group and at
+   least two groups a thread; elsewhere one query at a time. Either way each query's bits are attend's. Returns 0,
+   or -1 when out of memory. */
+static int attend_all(const Dims *dm, const float *qkv, int64_t nq, int64_t T, const float *K, const float *V,
+                      int64_t cap, const int32_t *slot, const int32_t *key_off, const int32_t *keys, float *scores,
+                      int64_t stride, float *att, int vec) {
+    const int64_t H = dm->heads, KV = dm->kv_heads, hd = dm->head_dim, G = H / KV;
+#ifdef __x86_64__
+    if (vec == 3) {
+        /* groups: (kv head, run of rows in one slot, a share of those rows' heads); query i is row qt[i]'s head
+           qh[i]; group u holds queries ustart[u] .. ustart[u + 1] - 1 */
+        int32_t *qt = malloc(sizeof(int32_t) * (size_t)(T * H)), *qh = malloc(sizeof(int32_t) * (size_t)(T * H));
+        int32_t *ustart = malloc(sizeof(int32_t) * (size_t)(T * H + 1));
+        if (!qt || !qh || !ustart) { free(qt); free(qh); free(ustart); return -1; }
+        int64_t runs = 0;
+        for (int64_t t = 0; t < T; t++) runs += t == 0 || (slot && slot[t] != slot[t - 1]);
+        const int64_t want = 2 * (int64_t)omp_get_max_threads();
+        int64_t nu = 0, nqr = 0;
+        for (int64_t g = 0; g < KV; g++)
+            for (int64_t t = 0; t < T;) {
+                int64_t t1 = t + 1;
+                while (t1 < T && slot && slot[t1] == slot[t]) t1++;
+                const int64_t Q = (t1 - t) * G;
+                int64_t parts = (Q + GROUP - 1) / GROUP;
+                while (parts < Q && KV * runs * parts < want) parts++;
+                for (int64_t r = t; r < t1; r++)
+                    for (int64_t h = g * G; h < (g + 1) * G; h++) { qt[nqr] = (int32_t)r; qh[nqr] = (int32_t)h; nqr++; }
+                for (int64_t p = 0; p < parts; p++) ustart[nu++] = (int32_t)(nqr - Q + p * Q / parts);
+                t = t1;
+            }
+        ustart[nu] = (int32_t)nqr;
+#pragma omp parallel for schedule(static)
+        for (int64_t u = 0; u < nu; u++) {
+            const float *q[GROUP];
+            const int32_t *pos[GROUP];
+            int64_t n[GROUP];
+            float *sc[GROUP], *o[GROUP];
+            const int M = ustart[u + 1] - ustart[u];
+            for (int m = 0; m < M; m++) {
+                const int64_t t = qt[ustart[u] + m], h = qh[ustart[u] + m];
+                q[m] = qkv + t * nq + h * hd;
+                pos[m] = keys + key_off[t];
+                n[m] = key_off[t + 1] - key_off[t];
+                sc[m] = scores + (t * H + h) * stride;
+                o[m] = att + t * H * hd + h * hd;
+            }
+            const int64_t t0 = qt[ustart[u]], g = ((slot ? slot[t0] : 0) * KV + qh[ustart[u]] / G) * cap * hd;
+            attend_group_512(M, q, K + g, V + g, pos, n, hd, dm->scale, sc, o);
+        }
+        free(qt); free(qh); free(ustart);
+        return 0;
+    }
+#endif
+    /* a head's rows in a row on one thread, so the keys they share stay in cache */
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t t = 0; t < T; t++) {
+            int64_t g = ((slot ? slot[t] : 0) * KV + h / G) * cap * hd;
+            attend(qkv + t * nq + h * hd, K + g, V + g, keys + key_off[t], key_off[t + 1] - key_off[t], hd,
+                   dm->scale, scores + (t * H + h) * stride, att + t * H * hd + h * hd, vec);
+        }
+    return 0;
+}
+
 static void swiglu(const float *g, const float *u, int64_t n, float *act, int path) {
 #ifdef __x86_64__
     if (path >= 2) { swiglu_avx2(g, u, n, act); return; }
@@ -298,15 +368,7 @@ int llama_forward(const Dims *dm, int64_t n_layers, const Mat *w, const float *c
             }
         }
         double t3 = now();
-        /* every (head, row) pair on its own, rows of one or many sequences alike; a head's rows in a row on one
-           thread, so the keys they share stay in cache */
-#pragma omp parallel for schedule(static) collapse(2)
-        for (int64_t h = 0; h < H; h++)
-            for (int64_t t = 0; t < T; t++) {
-                int64_t g = (slot[t] * KV + h / (H / KV)) * cap * hd;
-                attend(wk.qkv + t * nq + h * hd, K + g, V + g, keys + key_off[t], key_off[t + 1] - key_off[t], hd,
-                       dm->scale, scores + (t * H + h) * (most_keys + 1), wk.att + t * H * hd + h * hd, vec);
-            }
+        ok = attend_all(dm, wk.qkv, nq, T, K, V, cap, slot, key_off, keys, scores, most_keys + 1, wk.att, vec) == 0;
         double t4 = now();
         product(&w[4 * l + 1], wk.att, T, H * hd, wk.tmp, &wk, dm->path);
         for (int64_t i = 0; i < T * d; i++) x[i] = x[i] + wk.tmp[i];
