@@ -361,7 +361,7 @@ static inline __m512i join256(__m256i a, __m256i b) { return _mm512_inserti64x4(
 __attribute__((target(V512), always_inline))
 static inline void qx_codes512(const uint8_t *blk, const uint8_t *blk2, int h, const int HIGH, const int BYTES,
                                const int SIGNED, __m512i *lo, __m512i *hi) {
-    const __m512i low = _mm512_set1_epi8(0x0F), three = _mm512_set1_epi8(3);
+    const __m512i low = _mm512_set1_epi8(0x0F);
     if (BYTES) {                                       /* whole bytes */
         *lo = join256(_mm256_loadu_si256((const __m256i *)(blk + 64 * h)),
                       _mm256_loadu_si256((const __m256i *)(blk2 + 64 * h)));
@@ -377,12 +377,16 @@ static inline void qx_codes512(const uint8_t *blk, const uint8_t *blk2, int h, c
                              _mm256_loadu_si256((const __m256i *)(blk2 + 32 * h)));
     *lo = _mm512_and_si512(packed, low);
     *hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
-    if (HIGH) {
+    if (HIGH) {         /* the high bits of the codes: bits 2b, 2b + 1 of the byte (b = 2 (h & 1) for lo, + 1 for hi)
+                           moved to bits 4-5 (a 16-bit shift's bits from the next byte land outside 4-5), then
+                           lo | (t & 0x30) as one ternary-logic op (0xF8: A | (B & C)) */
+        const __m512i m30 = _mm512_set1_epi8(0x30);
         __m512i p = join256(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * (h >> 1))),
                             _mm256_loadu_si256((const __m256i *)(blk2 + 128 + 32 * (h >> 1))));
-        __m512i hb = _mm512_and_si512(_mm512_srli_epi16(p, 4 * (h & 1)), low);
-        *lo = _mm512_or_si512(*lo, _mm512_slli_epi16(_mm512_and_si512(hb, three), 4));
-        *hi = _mm512_or_si512(*hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), three), 4));
+        const __m512i tl = (h & 1) ? p : _mm512_slli_epi16(p, 4);
+        const __m512i th = (h & 1) ? _mm512_srli_epi16(p, 2) : _mm512_slli_epi16(p, 2);
+        *lo = _mm512_ternarylogic_epi32(*lo, tl, m30, 0xF8);
+        *hi = _mm512_ternarylogic_epi32(*hi, th, m30, 0xF8);
     }
 }
 
