@@ -83,6 +83,7 @@ class Eagle3Drafter:
         self.sites = tuple((i - 1, "mlp") for i in self.layers)
         self.vocab = target.config.vocab_size
         self.wide = wide_head(self.head)
+        self._d2t = self.head.d2t.tolist()      # draft-to-target id offsets as host integers (`_chain_kv`)
         self.reset([])
 
     def _for_rows(self, n: int) -> Eagle3Head | None:
@@ -267,13 +268,6 @@ class Eagle3Drafter:
             emb = self.embed.weight[toks[-1]].float()[None]                                   # [1, H]
             out = self.head.run(emb, out[None], base + i, self.kv, S + i)[0]
         return Draft([toks]), conf
-
-    @property
-    def _d2t(self) -> list[int]:
-        """The head's draft-to-target id offsets as host integers (read once)."""
-        if getattr(self, "_d2t_list", None) is None:
-            self._d2t_list = self.head.d2t.tolist()
-        return self._d2t_list
 
     def _tree(self, out: torch.Tensor, base: int, req: DraftRequest) -> Draft:
         """EAGLE-2: expand the top_k best nodes per level by cumulative log-prob, then keep the best

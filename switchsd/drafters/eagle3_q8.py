@@ -85,12 +85,24 @@ class Q8Eagle3Head(Eagle3Head):
         fast._lib = _lib()
         return fast
 
-    def _rotary(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin [T, hd] at positions pos, from tables grown as positions come (`rotary_tables`)."""
-        need = int(pos.max()) + 1
+    def _tables(self, need: int) -> None:
+        """cos and signed sin tables [n, hd] for positions < need, grown as positions come (`rotary_tables`)."""
         if self._cos.shape[0] < need:
             self._cos, self._sin = rotary_tables(self._inv, max(need, 2 * self._cos.shape[0]))
-        return self._cos[pos].contiguous(), self._sin[pos].contiguous()
+
+    def _layer(self, emb: torch.Tensor, h: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, wpos: torch.Tensor,
+               cos: torch.Tensor, sin: torch.Tensor, off: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """eagle3.c's layer over rows emb, h [T, H] float32 (K/V written into kc, vc [KV, cap, hd] at wpos;
+        `keys_seen`'s off, keys; cos, sin [T, hd]) -> out [T, H]."""
+        T = emb.shape[0]
+        out = torch.empty(T, self.config.hidden_size)
+        rc = self._lib.eagle3_step(ctypes.byref(self._dims), self._w, self._n, emb.contiguous().data_ptr(),
+                                   h.contiguous().data_ptr(), T, kc.data_ptr(), vc.data_ptr(), kc.shape[1],
+                                   wpos.data_ptr(), cos.data_ptr(), sin.data_ptr(), off.data_ptr(), keys.data_ptr(),
+                                   out.data_ptr())
+        if rc:
+            raise MemoryError("EAGLE-3 head step: out of memory")
+        return out
 
     def step(self, emb, h, pos, past_k, past_v, mask):
         if emb.shape[0] != 1 or emb.device.type != "cpu":
@@ -104,15 +116,10 @@ class Q8Eagle3Head(Eagle3Head):
         if mask is not None:
             mask = mask[None, None] if mask.dim() == 2 else mask
         off, keys = Q4Q8Llama.keys_seen(S, T, mask)
-        cos, sin = self._rotary(pos.reshape(-1))
-        e, x = emb[0].float().contiguous(), h[0].float().contiguous()
-        out = torch.empty(T, c.hidden_size)
-        wpos = torch.arange(S, S + T, dtype=torch.int32)
-        rc = self._lib.eagle3_step(ctypes.byref(self._dims), self._w, self._n, e.data_ptr(), x.data_ptr(), T,
-                                   kc.data_ptr(), vc.data_ptr(), S + T, wpos.data_ptr(), cos.data_ptr(),
-                                   sin.data_ptr(), off.data_ptr(), keys.data_ptr(), out.data_ptr())
-        if rc:
-            raise MemoryError("EAGLE-3 head step: out of memory")
+        pos = pos.reshape(-1)
+        self._tables(int(pos.max()) + 1)
+        out = self._layer(emb[0].float(), h[0].float(), kc, vc, torch.arange(S, S + T, dtype=torch.int32),
+                          self._cos[pos].contiguous(), self._sin[pos].contiguous(), off, keys)
         return out[None], kc[None, :, S:], vc[None, :, S:]
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
@@ -125,7 +132,6 @@ class Q8Eagle3Head(Eagle3Head):
         if rc:
             raise MemoryError("EAGLE-3 head logits: out of memory")
         return y.view(*out.shape[:-1], -1)
-
 
     # -- drafting straight into a cache with room (`HeadCache`): no copies of the past, few torch operations --
     def fused(self, g: torch.Tensor) -> torch.Tensor:
@@ -143,18 +149,10 @@ class Q8Eagle3Head(Eagle3Head):
         0 .. at - 1, without copying them). Returns out [T, H]."""
         T = emb.shape[0]
         cache.room(at + T)
-        if self._cos.shape[0] < pos + T:
-            self._cos, self._sin = rotary_tables(self._inv, max(pos + T, 2 * self._cos.shape[0]))
+        self._tables(pos + T)
         off, keys = Q4Q8Llama.keys_seen(at, T, None)
-        wpos = torch.arange(at, at + T, dtype=torch.int32)
-        out = torch.empty(T, self.config.hidden_size)
-        rc = self._lib.eagle3_step(ctypes.byref(self._dims), self._w, self._n, emb.contiguous().data_ptr(),
-                                   h.contiguous().data_ptr(), T, cache.k.data_ptr(), cache.v.data_ptr(), cache.cap,
-                                   wpos.data_ptr(), self._cos[pos:pos + T].data_ptr(),
-                                   self._sin[pos:pos + T].data_ptr(), off.data_ptr(), keys.data_ptr(), out.data_ptr())
-        if rc:
-            raise MemoryError("EAGLE-3 head step: out of memory")
-        return out
+        return self._layer(emb, h, cache.k, cache.v, torch.arange(at, at + T, dtype=torch.int32),
+                           self._cos[pos:pos + T], self._sin[pos:pos + T], off, keys)
 
     def new_cache(self) -> "HeadCache":
         c = self.config

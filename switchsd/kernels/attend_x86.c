@@ -1,6 +1,6 @@
-/* The attention of one row and one head on x86 vectors (included by llama.c): attend_avx2 (8 lanes) and attend_512
-   (16), each the very operations of attend_portable in the same order, lane by lane (its fmaf as fmadd), so the same
-   bits; attend_group_512 several queries of one kv head at once, each with attend_512's operations. */
+/* The attention of one row and one head on x86 vectors (included by llama.c): attend_avx2 (8 lanes) and
+   attend_group_512 (16 lanes, several queries of one kv head at once), each the very operations of attend_portable
+   in the same order, lane by lane (its fmaf as fmadd), so the same bits. */
 
 /* Four keys' scores from their 8 lane sums each: the fixed tree ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)),
    the four trees at once through a 4x4 transpose, times scale. */
@@ -158,25 +158,12 @@ static inline int64_t values64_512(const float *vc, const int32_t *pos, int64_t 
     return c;
 }
 
-/* attend_avx2 on 512-bit vectors: the same operations in the same order, lane by lane, so the same bits. Scores
-   four keys at a time (`scores4_512`); weighted values 16 outputs to a vector, keys in order. */
-__attribute__((target(V512)))
-static void attend_512(const float *q, const float *kc, const float *vc, const int32_t *pos, int64_t n, int64_t hd,
-                       float scale, float *sc, float *o) {
-    int64_t j = scores4_512(q, kc, pos, 0, n, hd, scale, sc);
-    scores_rest_avx2(q, kc, pos, j, n, hd, scale, sc);
-    softmax_weights_avx2(sc, n);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
-    int64_t c = values64_512(vc, pos, 0, n, hd, sc, o, &sum);
-    values_avx2(vc, pos, n, hd, c, sc, o, c == 0 ? &sum : NULL);
-    normalise(sum, hd, o);
-}
-
-/* Up to GROUP queries of one kv head at once (a GQA group's heads, and rows of one sequence): each key and value
-   loaded once for all of them, their sums in independent registers. The keys the queries share (their key lists'
-   common prefix) are scored and summed together, each query's own keys after them alone; every query's operations
-   and their order are attend_512's, so each returns attend_512's bits. */
+/* attend_avx2 on 512-bit vectors, for up to GROUP queries of one kv head at once (a GQA group's heads, and rows of
+   one sequence; one query is a group of one): each key and value loaded once for all of them, their sums in
+   independent registers. Scores four keys at a time, two keys to a vector (`scores4_512`); weighted values 16 outputs
+   to a vector, keys in order. The keys the queries share (their key lists' common prefix) are scored and summed
+   together, each query's own keys after them alone: every query gets attend_avx2's operations in its order, lane by
+   lane, so its bits. */
 #define GROUP 4
 __attribute__((target(V512), always_inline))
 static inline void attend_group_body(const int M, const float *const *q, const float *kc, const float *vc,

@@ -243,13 +243,12 @@ static void swiglu_avx2(const float *g, const float *u, int64_t n, float *act) {
     for (; i < n; i++) act[i] = g[i] / (1.0f + exp_poly(-g[i])) * u[i];
 }
 
-#include "attend_x86.c"          /* attend_avx2, attend_512 */
+#include "attend_x86.c"          /* attend_avx2, attend_group_512 */
 #endif
 
 static void attend(const float *q, const float *kc, const float *vc, const int32_t *pos, int64_t n, int64_t hd,
                    float scale, float *scores, float *out, int path) {
 #ifdef __x86_64__
-    if (path == 3) { attend_512(q, kc, vc, pos, n, hd, scale, scores, out); return; }
     if (path == 2) { attend_avx2(q, kc, vc, pos, n, hd, scale, scores, out); return; }
 #endif
     attend_portable(q, kc, vc, pos, n, hd, scale, scores, out);
