@@ -4,8 +4,8 @@
     python -m switchsd.eval.curve --model FILE.gguf
 
 Ours: the forward of `--dtype auto` on the file, a forward of R rows after a context of `--depth` tokens (the rows
-of a verify), median of `--repeats` after a warm-up, for R in `--rows`. llama.cpp's: `llama-bench` on the same file
-and threads, `-p R -d depth` (a batch of R rows after the same context) and `-n 32 -d depth` (decoding). The ratio
+of a verify), median of `--repeats` rounds after a warm-up round, each round every R in turn. llama.cpp's:
+`llama-bench` on the same file and threads, `-p R -d depth` (a batch of R rows after the same context) and `-n 32 -d depth` (decoding). The ratio
 R rows / 1 row says how much a verify of R rows costs over a plain decode step: what the cost gate's prices and
 the budget are made of (`switchsd calibrate` measures the same curve for the gate).
 """
@@ -29,7 +29,7 @@ ROWS = (1, 2, 4, 8, 16)
 
 
 @torch.inference_mode()
-def ours(path: Path, rows=ROWS, depth: int = 256, repeats: int = 7) -> dict:
+def ours(path: Path, rows=ROWS, depth: int = 256, repeats: int = 9) -> dict:
     """{format, load_s, ms: {R: median ms of an R-row forward after `depth` tokens}}."""
     from ..models.forward import own_forward
     from ..models.loading import load_model
@@ -41,16 +41,15 @@ def ours(path: Path, rows=ROWS, depth: int = 256, repeats: int = 7) -> dict:
     g = torch.Generator().manual_seed(0)
     vocab = lm.model.config.vocab_size
     fwd.forward(torch.randint(0, vocab, (1, depth), generator=g), cache, logit_rows=-1)
-    out = {}
-    for r in rows:
-        times = []
-        for i in range(repeats + 1):
+    times: dict[int, list[float]] = {r: [] for r in rows}
+    for i in range(repeats + 1):          # the row counts in turn: a slow drift of the machine meets each alike
+        for r in rows:
             ids = torch.randint(0, vocab, (1, r), generator=g)
             t = time.perf_counter()
             fwd.forward(ids, cache)
-            times.append(time.perf_counter() - t)
+            times[r].append(time.perf_counter() - t)
             cache.length = depth
-        out[r] = 1e3 * statistics.median(times[1:])
+    out = {r: 1e3 * statistics.median(ts[1:]) for r, ts in times.items()}        # the first round: a warm-up
     return {"format": lm.precision, "load_s": load_s, "ms": out, "read_gbs": read_bandwidth()}
 
 
@@ -79,14 +78,14 @@ def kernels() -> dict:
     return {"path": best_path(), "amx_rows": amx_rows()}
 
 
-def run(path: Path, shape: str | None, rows=ROWS, depth: int = 256, command: str = "") -> dict:
+def run(path: Path, shape: str | None, rows=ROWS, depth: int = 256, command: str = "", repeats: int = 9) -> dict:
     started = commit()
     llama = llama_bench(path, rows, depth)
-    mine = ours(path, rows, depth)
+    mine = ours(path, rows, depth, repeats)
     return {"schema": SCHEMA, "kind": "curve", "shape": shape, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": command, "machine": machine(), "versions": versions(version()), "commit": started,
             "file": {**(file_hash(path) or {}), "name": path.name, "bytes": path.stat().st_size},
-            "format": mine["format"], "depth": depth, "rows": list(rows), "load_s": mine["load_s"],
+            "format": mine["format"], "depth": depth, "rows": list(rows), "repeats": repeats, "load_s": mine["load_s"],
             "read_gbs": mine["read_gbs"], "kernels": kernels(),
             "ours_ms": {str(k): v for k, v in mine["ms"].items()},
             "llama_ms": {str(k): v for k, v in llama["ms"].items()}, "llama_decode_ms": llama["decode_ms"],
@@ -100,8 +99,11 @@ def main(argv=None) -> int:
     src.add_argument("--model", type=Path, help="a GGUF file")
     ap.add_argument("--type", default="Q4_K_M", help="the synthetic shape's llama-quantize type")
     ap.add_argument("--depth", type=int, default=256, help="context tokens before the measured rows")
+    ap.add_argument("--repeats", type=int, default=9, help="measured rounds of every row count (after one warm-up)")
     ap.add_argument("--record", type=Path, help="write the record here (gzipped JSON)")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
     why = missing()
     if why:
         print(f"error: {why}", file=sys.stderr)
@@ -111,7 +113,7 @@ def main(argv=None) -> int:
         path = gguf(args.shape, args.type)
     else:
         path = args.model
-    rec = run(path, args.shape, depth=args.depth, command="python -m switchsd.eval.curve " + " ".join(
+    rec = run(path, args.shape, depth=args.depth, repeats=args.repeats, command="python -m switchsd.eval.curve " + " ".join(
         argv if argv is not None else sys.argv[1:]))
     one, lone = rec["ours_ms"]["1"], rec["llama_ms"]["1"]
     print(f"{path.name}: ours {rec['format']}, llama.cpp decode {rec['llama_decode_ms']:.1f} ms"
