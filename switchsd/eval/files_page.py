@@ -73,7 +73,7 @@ def curve_lines(path: str, rec: dict) -> list[str]:
            "", f"Machine: {machine_label(rec['machine'])}. Commit `{(c.get('sha') or '?')[:10]}`"
            f"{' (with uncommitted changes)' if c.get('dirty') else ''}, {rec['date']}; format here {rec['format']} "
            f"(loaded in {rec['load_s']:.0f} s){_kernels(rec)}; llama.cpp {rec['versions'].get('llama_cpp') or '-'}; after "
-           f"{rec['depth']} tokens of context. Record: `{path}`.", "",
+           f"{rec['depth']} tokens of context; ours: {_protocol(rec)}. Record: `{path}`.", "",
            f"    {rec['command'].replace('python -m switchsd.eval.curve', 'python -m switchsd.eval.curve')}",
            f"    {rec['llama_command']}", "",
            f"Decoding: this project's one-row step {one:.1f} ms ({1e3 / one:.1f} tok/s), llama.cpp's "
@@ -91,6 +91,13 @@ def curve_lines(path: str, rec: dict) -> list[str]:
             "pays from this many expected accepted tokens (its drafting time aside): " +
             ", ".join(f"{n} {pay[n]:.2f}" for n in ("chain1", "chain3", "chain8", "copy10")) + "."]
     return out
+
+
+def _protocol(rec: dict) -> str:
+    """How our side's times were taken (records before the rounds: each row count's repeats one after another)."""
+    if "repeats" in rec:
+        return f"the median of {rec['repeats']} rounds, each round every row count in turn, after a warm-up round"
+    return "the median of 7 forwards per row count, the row counts one after another, after a warm-up forward"
 
 
 INTRO = ("A `.gguf` file is enough: `switchsd generate --model FILE.gguf --prompt ... --chat`. Architecture, sizes, "
