@@ -5,9 +5,10 @@
 
 Ours: the forward of `--dtype auto` on the file, a forward of R rows after a context of `--depth` tokens (the rows
 of a verify), median of `--repeats` rounds after a warm-up round, each round every R in turn. llama.cpp's:
-`llama-bench` on the same file and threads, `-p R -d depth` (a batch of R rows after the same context) and `-n 32 -d depth` (decoding). The ratio
-R rows / 1 row says how much a verify of R rows costs over a plain decode step: what the cost gate's prices and
-the budget are made of (`switchsd calibrate` measures the same curve for the gate).
+`llama-bench` on the same file and threads, `-p R -d depth` (a batch of R rows after the same context) and
+`-n 32 -d depth` (decoding). The ratio R rows / 1 row says how much a verify of R rows costs over a plain decode
+step: what the cost gate's prices and the budget are made of (`switchsd calibrate` measures the same curve for the
+gate).
 """
 from __future__ import annotations
 
@@ -113,8 +114,8 @@ def main(argv=None) -> int:
         path = gguf(args.shape, args.type)
     else:
         path = args.model
-    rec = run(path, args.shape, depth=args.depth, repeats=args.repeats, command="python -m switchsd.eval.curve " + " ".join(
-        argv if argv is not None else sys.argv[1:]))
+    command = "python -m switchsd.eval.curve " + " ".join(argv if argv is not None else sys.argv[1:])
+    rec = run(path, args.shape, depth=args.depth, repeats=args.repeats, command=command)
     one, lone = rec["ours_ms"]["1"], rec["llama_ms"]["1"]
     print(f"{path.name}: ours {rec['format']}, llama.cpp decode {rec['llama_decode_ms']:.1f} ms"
           + (f"; memory reads {rec['read_gbs']:.1f} GB/s here" if rec["read_gbs"] else ""))
