@@ -154,3 +154,16 @@ def test_q8_gguf_blocks_are_the_gguf_weights():
     assert torch.equal(q4q8.Q8Linear(*q4q8.gguf_q8_blocks(raw)).dequantized(), torch.from_numpy(w))
     with pytest.raises(ValueError, match="-127"):
         q4q8.Q8Linear(torch.full((8, 32), -128, dtype=torch.int8), torch.ones(8, 1).half())
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_quantising_a_float_matrix_is_llama_cpp_s_quantiser(kind):
+    """`Q4Q8Linear.quantize` / `Q8Linear.quantize` (the EAGLE-3 head's CPU copy) give gguf-py's blocks: the same
+    weights bit for bit after de-quantisation, on rows with an all-equal block (d = 0) too."""
+    import gguf
+    w = torch.randn(16, 96, generator=torch.Generator().manual_seed(3))
+    w[3, :32] = 0.25
+    lin = (Q4Q8Linear if kind == "Q4_1" else q4q8.Q8Linear).quantize(w)
+    t = getattr(gguf.GGMLQuantizationType, kind)
+    theirs = gguf.quants.dequantize(gguf.quants.quantize(w.numpy(), t), t).astype(np.float32)
+    assert torch.equal(lin.dequantized(), torch.from_numpy(theirs))

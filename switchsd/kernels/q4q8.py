@@ -93,6 +93,17 @@ class Q4Q8Linear:
         self.lib = _lib()
 
     @classmethod
+    def quantize(cls, weight: torch.Tensor, path: str = "auto") -> "Q4Q8Linear":
+        """A float matrix [N, K] to Q4_1 blocks (llama.cpp's: per 32 along K, d = (max - min) / 15, m = min,
+        q = min(15, trunc((w - min) / d + 0.5)); d and m stored as float16)."""
+        w = weight.detach().float().reshape(weight.shape[0], -1, QK)
+        lo, hi = w.amin(-1), w.amax(-1)                                              # [N, K/32]
+        d = (hi - lo) / 15
+        inv = torch.where(d > 0, 1 / d.clamp_min(1e-30), 0)
+        q = ((w - lo[..., None]) * inv[..., None] + 0.5).trunc().clamp(0, 15)
+        return cls(q.to(torch.uint8).reshape(weight.shape), d.half(), lo.half(), path)
+
+    @classmethod
     def fuse(cls, parts: list["Q4Q8Linear"]) -> "Q4Q8Linear":
         """One matrix [W1; W2; ...] (e.g. q|k|v): outputs stacked; each output's arithmetic unchanged."""
         return cls(torch.cat([p.codes for p in parts]), torch.cat([p.dw for p in parts]),
