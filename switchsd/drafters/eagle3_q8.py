@@ -28,17 +28,17 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int64
 
 
-class _Q8(torch.nn.Module):
-    """A linear layer as Q8_0 blocks (or `kind`'s: Q4Q8Linear, Q4_1) through the C kernel (switchsd/kernels/q4q8.c);
-    float32 in and out."""
+class _Packed(torch.nn.Module):
+    """A linear layer as `kind`'s blocks (Q8Linear: Q8_0; Q4Q8Linear: Q4_1) through the C kernel
+    (switchsd/kernels/q4q8.c); float32 in and out."""
 
     def __init__(self, weight: torch.Tensor, kind=Q8Linear):
         super().__init__()
-        self.q8 = kind.quantize(weight)
+        self.lin = kind.quantize(weight)
         self.register_buffer("weight", torch.empty(0), persistent=False)      # dtype / device, as nn.Linear's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.q8(x)
+        return self.lin(x)
 
 
 def _lib() -> ctypes.CDLL:
@@ -59,8 +59,7 @@ class Q8Eagle3Head(Eagle3Head):
     in C (switchsd/kernels/eagle3.c): q|k|v and gate|up fused, norms, rotary and attention in float32. Its torch
     modules stay (fc, and the layer for callers that run it in torch: `Eagle3Head.step` over a batch).
     The LM head, the largest matrix and the one every drafted token reads (the shipped head's: 12,288 x 576), is Q4_1:
-    5 bits a weight where Q8_0 takes 8.5. Measured on the offline model's Q6_K file, MT-Bench 20, eagle3@chain3: its
-    logits 0.27 -> 0.18-0.21 ms a call, tokens accepted a step 0.620 -> 0.625 (drafts only: verification decides)."""
+    5 bits a weight where Q8_0 takes 8.5 (drafts only: verification decides what is kept)."""
 
     @classmethod
     def of(cls, head: Eagle3Head) -> "Q8Eagle3Head":
@@ -73,11 +72,10 @@ class Q8Eagle3Head(Eagle3Head):
         fast._mats = [Q8Linear.quantize(w) for w in fused]        # quantised per row: the codes of each part
         for owner, name in ((fast, "fc"), (a, "q_proj"), (a, "k_proj"), (a, "v_proj"),
                             (a, "o_proj"), (m.mlp, "gate_proj"), (m.mlp, "up_proj"), (m.mlp, "down_proj")):
-            setattr(owner, name, _Q8(getattr(owner, name).weight))
-        fast.lm_head = _Q8(fast.lm_head.weight, Q4Q8Linear)
-        fast._lm = fast.lm_head.q8
-        fast._lm_mat = mat([fast._lm])
-        fast._fc_mat = mat([fast.fc.q8])
+            setattr(owner, name, _Packed(getattr(owner, name).weight))
+        fast.lm_head = _Packed(fast.lm_head.weight, Q4Q8Linear)
+        fast._lm_mat = mat([fast.lm_head.lin])            # the modules keep the packed matrices alive
+        fast._fc_mat = mat([fast.fc.lin])
         fast._norms = [m.input_layernorm.weight.contiguous(), m.hidden_norm.weight.contiguous(),
                        m.post_attention_layernorm.weight.contiguous()]
         c = head.config

@@ -27,10 +27,11 @@ from .llama_server import build_dir, missing, version
 from .records import SCHEMA, commit, file_hash, machine, versions
 
 ROWS = (1, 2, 4, 8, 16)
+REPEATS = 9         # measured rounds of every row count (after one warm-up round)
 
 
 @torch.inference_mode()
-def ours(path: Path, rows=ROWS, depth: int = 256, repeats: int = 9) -> dict:
+def ours(path: Path, rows=ROWS, depth: int = 256, repeats: int = REPEATS) -> dict:
     """{format, load_s, ms: {R: median ms of an R-row forward after `depth` tokens}}."""
     from ..models.forward import own_forward
     from ..models.loading import load_model
@@ -79,7 +80,7 @@ def kernels() -> dict:
     return {"path": best_path(), "amx_rows": amx_rows()}
 
 
-def run(path: Path, shape: str | None, rows=ROWS, depth: int = 256, command: str = "", repeats: int = 9) -> dict:
+def run(path: Path, shape: str | None, rows=ROWS, depth: int = 256, command: str = "", repeats: int = REPEATS) -> dict:
     started = commit()
     llama = llama_bench(path, rows, depth)
     mine = ours(path, rows, depth, repeats)
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
     src.add_argument("--model", type=Path, help="a GGUF file")
     ap.add_argument("--type", default="Q4_K_M", help="the synthetic shape's llama-quantize type")
     ap.add_argument("--depth", type=int, default=256, help="context tokens before the measured rows")
-    ap.add_argument("--repeats", type=int, default=9, help="measured rounds of every row count (after one warm-up)")
+    ap.add_argument("--repeats", type=int, default=REPEATS, help="measured rounds of every row count (after one warm-up)")
     ap.add_argument("--record", type=Path, help="write the record here (gzipped JSON)")
     args = ap.parse_args(argv)
     if args.repeats < 1:
