@@ -62,10 +62,10 @@ def make_family(name: str, seed: int = 0, dtype=torch.float64):
 FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
 
-def gguf_forward(model, kinds) -> Q4Q8Llama:
+def gguf_forward(model, kinds, path: str = "auto") -> Q4Q8Llama:
     """A C forward over random GGUF blocks (`kinds`: one type, or a list cycled over the model's matrices: mixed
-    files), the model's dense weights set to the blocks' values (so transformers' forward computes the same model).
-    Attaches it as the model's q4q8 format."""
+    files), the model's dense weights set to the blocks' values (so transformers' forward computes the same model),
+    on kernel path `path`. Attaches it as the model's q4q8 format."""
     kinds = [kinds] if isinstance(kinds, str) else list(kinds)
     rng = np.random.default_rng(0)
     count = [0]
@@ -76,13 +76,13 @@ def gguf_forward(model, kinds) -> Q4Q8Llama:
         if kind in ("F16", "BF16"):                     # an f16 / bf16 file's matrices as they are
             w16 = (torch.from_numpy(rng.standard_normal(lin.weight.shape)) * 0.1).to(
                 torch.float16 if kind == "F16" else torch.bfloat16)
-            lin_q = qx.gguf_linear(w16.view(torch.int16).numpy(), kind)
+            lin_q = qx.gguf_linear(w16.view(torch.int16).numpy(), kind, path)
             with torch.no_grad():
                 lin.weight.copy_(lin_q.dequantized().to(lin.weight.dtype))
             return lin_q
         if lin.weight.shape[1] % BLOCKS[kind][1]:      # llama-quantize's fallbacks for rows not a multiple of 256
             kind = FALLBACK[kind]
-        lin_q = qx.gguf_linear(random_blocks(kind, *lin.weight.shape, rng), kind)
+        lin_q = qx.gguf_linear(random_blocks(kind, *lin.weight.shape, rng), kind, path)
         with torch.no_grad():
             lin.weight.copy_(lin_q.dequantized().to(lin.weight.dtype))
         return lin_q
@@ -93,7 +93,7 @@ def gguf_forward(model, kinds) -> Q4Q8Llama:
         layers.append([qx.fuse([linear(a.q_proj), linear(a.k_proj), linear(a.v_proj)]), [linear(a.o_proj)],
                        qx.fuse([linear(m.gate_proj), linear(m.up_proj)]), [linear(m.down_proj)]])
     head = linear(model.lm_head)                       # tied: the embedding takes the head's blocks' values too
-    fwd = Q4Q8Llama(model, layers, [head])
+    fwd = Q4Q8Llama(model, layers, [head], path)
     model._switchsd_q4q8, model._switchsd_format = fwd, "q4q8"
     return fwd
 

@@ -61,6 +61,26 @@ def test_c_forward_verify_rows_equal_one_row_steps(family):
     assert torch.equal(wide, steps)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_c_forward_vector_paths_are_the_portable_bits(family):
+    """The vector paths (the CPU's best: norms of several rows or heads side by side, SwiGLU and attention on 8 or 16
+    lanes, the products' pair kernels) against the portable C path on each family, a prefill and a chain, Qwen3's
+    per-head q/k norms included: the same logits and states, bit for bit."""
+    from switchsd.kernels import q4q8
+    if q4q8.best_path() == "portable":
+        pytest.skip("this CPU has no vector path")
+    prompt, chain = random_prompt(5, 21), random_prompt(6, 7)
+    outs = []
+    for path in ("auto", "portable"):
+        fwd = gguf_forward(make_family(family), ["Q4_K", "Q4_K", "Q6_K"], path)
+        cache = fwd.new_cache(64)
+        a, _ = fwd.forward(torch.tensor([prompt]), cache)
+        b, _ = fwd.forward(torch.tensor([chain]), cache)
+        outs.append((a, b))
+    for x, y in zip(*outs):
+        assert torch.equal(x, y)
+
+
 def _engine(model, method, forward):
     cfg = EngineConfig(max_new_tokens=24, budget=16, forward=forward)
     return make_engine(model, build_policy(method, eos_ids=(1,)), cfg, eos_ids=(1,))

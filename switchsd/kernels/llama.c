@@ -83,13 +83,7 @@ static void work_free(Work *wk) {
     free(wk->tmp); free(wk->part); free(wk->qs);
 }
 
-__attribute__((target_clones("avx2", "default")))
-static void rms(const float *x, const float *w, int64_t d, float eps, float *out) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < d; i++) s = s + x[i] * x[i];
-    float r = 1.0f / sqrtf(s / (float)d + eps);
-    for (int64_t i = 0; i < d; i++) out[i] = w[i] * (x[i] * r);
-}
+#include "rowwise.c"           /* rms, rotate, exp_poly, swiglu: one row (or head) at a time */
 
 /* q4q8.c's Q4 and Q8_0 layouts are qx.c's kinds QX_MINS and QX_Q8 with the same arithmetic: on 512-bit vectors they
    run through qx.c's pair kernel (an even number of column groups). */
@@ -141,39 +135,6 @@ static void product(const Mat *m, const float *x, int64_t rows, int64_t k, float
     }
 }
 
-__attribute__((target_clones("avx2", "default")))
-static void rotate(float *x, const float *cos, const float *sin, int64_t hd) {
-    int64_t half = hd / 2;
-    float tmp[512];
-    for (int64_t i = 0; i < hd; i++) tmp[i] = x[i];
-    for (int64_t i = 0; i < hd; i++) {
-        float other = i < half ? tmp[i + half] : tmp[i - half];
-        x[i] = tmp[i] * cos[i] + other * sin[i];
-    }
-}
-
-/* exp(x) for float32 x, the same bits on every path: n = round(x log2 e) (by adding and subtracting 1.5 * 2^23), r = x - n ln2 (two-part ln2), 2^n times a
-   degree-6 polynomial in r (Cephes' expf coefficients); x clamped to [-87.3, 88] (below: ~1e-38, not 0). Written
-   without branches, so the loops that call it become vector code; relative error ~2e-7. */
-static inline float exp_poly(float x) {
-    x = x < -87.3f ? -87.3f : x > 88.0f ? 88.0f : x;
-    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;     /* round to nearest even (|n| < 2^22) */
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r;
-    p = p + 1.0f;
-    int32_t e = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &e, 4);
-    return p * scale;
-}
-
 /* q . k over hd (a multiple of 8) as 8 lane sums of fused multiply-adds (fmaf: one rounding each, as the vector
    paths' fmadd), then a fixed tree: the same order on every path. */
 static inline float dot8(const float *a, const float *b, int64_t n) {
@@ -204,45 +165,7 @@ static void attend_portable(const float *q, const float *kc, const float *vc, co
     for (int64_t i = 0; i < hd; i++) out[i] = out[i] / sum;
 }
 
-/* SwiGLU of one row: act = g / (1 + exp(-g)) * u. */
-static void swiglu_portable(const float *g, const float *u, int64_t n, float *act) {
-    for (int64_t i = 0; i < n; i++) act[i] = g[i] / (1.0f + exp_poly(-g[i])) * u[i];
-}
-
 #ifdef __x86_64__
-/* The AVX2 versions: the very operations above, 8 lanes at a time (lane j of `dot8` is acc[j]; the tree is the
-   same), so they return the portable versions' bits. */
-__attribute__((target("avx2")))
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.3f));
-    const __m256 magic = _mm256_set1_ps(12582912.0f);
-    __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), magic), magic);
-    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
-    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r);
-    p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-__attribute__((target("avx2")))
-static void swiglu_avx2(const float *g, const float *u, int64_t n, float *act) {
-    int64_t i = 0;
-    const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
-    for (; i + 8 <= n; i += 8) {
-        __m256 gv = _mm256_loadu_ps(g + i);
-        __m256 e = exp8(_mm256_xor_ps(gv, neg));
-        _mm256_storeu_ps(act + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
-    }
-    for (; i < n; i++) act[i] = g[i] / (1.0f + exp_poly(-g[i])) * u[i];
-}
-
 #include "attend_x86.c"          /* attend_avx2, attend_group_512 */
 #endif
 
@@ -321,13 +244,6 @@ static int attend_all(const Dims *dm, const float *qkv, int64_t nq, int64_t T, c
     return 0;
 }
 
-static void swiglu(const float *g, const float *u, int64_t n, float *act, int path) {
-#ifdef __x86_64__
-    if (path >= 2) { swiglu_avx2(g, u, n, act); return; }
-#endif
-    swiglu_portable(g, u, n, act);
-}
-
 /* x [T, d] in/out (the embeddings in, the last layer's output out). w: per layer 4 packed matrices (q|k|v [H+2KV
    heads x hd, d], o [d, H hd], gate|up [2I, d], down [d, I]); norms: per layer 2 vectors [d]. kc, vc: [L, slots, KV,
    cap, hd] (one slot per sequence); row t belongs to slot slot[t] and is written at its position wpos[t]. cos, sin:
@@ -351,14 +267,16 @@ int llama_forward(const Dims *dm, int64_t n_layers, const Mat *w, const float *c
     for (int64_t l = 0; ok && l < n_layers; l++) {
         float *K = kc + l * slots * KV * cap * hd, *V = vc + l * slots * KV * cap * hd;   /* layer l, slot 0 */
         double t0 = now();
-        for (int64_t t = 0; t < T; t++) rms(x + t * d, norms[2 * l], d, dm->eps, wk.h + t * d);
+        rms_many(x, T, d, norms[2 * l], d, dm->eps, wk.h, vec);
         double t1 = now();
         product(&w[4 * l], wk.h, T, d, wk.qkv, &wk, dm->path);
         double t2 = now();
         for (int64_t t = 0; t < T; t++) {
             float *row = wk.qkv + t * nq;
-            if (qk_norms[2 * l])                    /* Qwen3: each q and k head RMS-normed before the rotation */
-                for (int64_t h = 0; h < H + KV; h++) rms(row + h * hd, qk_norms[2 * l + (h >= H)], hd, dm->eps, row + h * hd);
+            if (qk_norms[2 * l]) {                  /* Qwen3: each q and k head RMS-normed before the rotation */
+                rms_many(row, H, hd, qk_norms[2 * l], hd, dm->eps, row, vec);
+                rms_many(row + H * hd, KV, hd, qk_norms[2 * l + 1], hd, dm->eps, row + H * hd, vec);
+            }
             for (int64_t h = 0; h < H + KV; h++) rotate(row + h * hd, cos + t * hd, sin + t * hd, hd);
             for (int64_t h = 0; h < KV; h++) {
                 int64_t at = ((slot[t] * KV + h) * cap + wpos[t]) * hd;
@@ -373,7 +291,7 @@ int llama_forward(const Dims *dm, int64_t n_layers, const Mat *w, const float *c
         for (int64_t i = 0; i < T * d; i++) x[i] = x[i] + wk.tmp[i];
         if (capture[2 * l]) memcpy(captured + (n_cap++) * T * d, x, sizeof(float) * (size_t)(T * d));
         double t5 = now();
-        for (int64_t t = 0; t < T; t++) rms(x + t * d, norms[2 * l + 1], d, dm->eps, wk.h + t * d);
+        rms_many(x, T, d, norms[2 * l + 1], d, dm->eps, wk.h, vec);
         product(&w[4 * l + 2], wk.h, T, d, wk.gu, &wk, dm->path);
         double t6 = now();
         for (int64_t t = 0; t < T; t++) swiglu(wk.gu + t * 2 * I, wk.gu + t * 2 * I + I, I, wk.act + t * I, vec);
@@ -407,7 +325,7 @@ int llama_head(const Dims *dm, const float *x, int64_t R, const float *norm, con
     int ok = wk.q8 && wk.dx && wk.sx && wk.qs && wk.h && (head->parts == 1 || wk.part);
     double t0 = now();
     if (ok) {
-        for (int64_t r = 0; r < R; r++) rms(x + r * d, norm, d, dm->eps, wk.h + r * d);
+        rms_many(x, R, d, norm, d, dm->eps, wk.h, vector_path(dm->path));
         product(head, wk.h, R, d, logits, &wk, dm->path);
     }
     prof[P_HEAD] += now() - t0;
