@@ -52,7 +52,10 @@ int eagle3_step(const Dims *dm, const uint8_t *const *w, const float *const *nor
                 memcpy(vc + (j * cap + wpos[t]) * hd, row + (H + KV + j) * hd, sizeof(float) * (size_t)hd);
             }
         }
-        ok = attend_all(dm, wk.qkv, nq, T, kc, vc, cap, NULL, key_off, keys, scores, most_keys + 1, wk.att, vec) == 0;
+        AttendPlan plan;
+        ok = attend_plan(dm, T, NULL, vec, &plan) == 0;
+        if (ok) attend_all(dm, &plan, wk.qkv, nq, T, kc, vc, cap, NULL, key_off, keys, scores, most_keys + 1, wk.att, vec);
+        attend_plan_free(&plan);
         product8(w[1], wk.att, T, d, H * hd, wk.tmp, &wk, dm->path);
         for (int64_t i = 0; i < T * d; i++) out[i] = h[i] + wk.tmp[i];
         for (int64_t t = 0; t < T; t++) rms(out + t * d, norms[2], d, dm->eps, wk.h + t * d);

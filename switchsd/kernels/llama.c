@@ -177,42 +177,60 @@ static void attend(const float *q, const float *kc, const float *vc, const int32
     attend_portable(q, kc, vc, pos, n, hd, scale, scores, out);
 }
 
+/* How a forward's queries go to the threads on 512-bit vectors (the same for every layer): groups of (kv head, run
+   of rows in one slot, a share of those rows' heads), at most GROUP to a group and at least two groups a thread;
+   query i is row qt[i]'s head qh[i], group u holds queries ustart[u] .. ustart[u + 1] - 1. Elsewhere (vec != 3) no
+   groups: one query at a time. */
+typedef struct {
+    int32_t *qt, *qh, *ustart;
+    int64_t nu;
+} AttendPlan;
+
+static void attend_plan_free(AttendPlan *p) { free(p->qt); free(p->qh); free(p->ustart); }
+
+/* Returns 0, or -1 when out of memory. */
+static int attend_plan(const Dims *dm, int64_t T, const int32_t *slot, int vec, AttendPlan *p) {
+    memset(p, 0, sizeof *p);
+    if (vec != 3) return 0;
+    const int64_t H = dm->heads, KV = dm->kv_heads, G = H / KV;
+    p->qt = malloc(sizeof(int32_t) * (size_t)(T * H));
+    p->qh = malloc(sizeof(int32_t) * (size_t)(T * H));
+    p->ustart = malloc(sizeof(int32_t) * (size_t)(T * H + 1));
+    if (!p->qt || !p->qh || !p->ustart) { attend_plan_free(p); return -1; }
+    int64_t runs = 0;
+    for (int64_t t = 0; t < T; t++) runs += t == 0 || (slot && slot[t] != slot[t - 1]);
+    const int64_t want = 2 * (int64_t)omp_get_max_threads();
+    int64_t nqr = 0;
+    for (int64_t g = 0; g < KV; g++)
+        for (int64_t t = 0; t < T;) {
+            int64_t t1 = t + 1;
+            while (t1 < T && slot && slot[t1] == slot[t]) t1++;
+            const int64_t Q = (t1 - t) * G;
+            int64_t parts = (Q + GROUP - 1) / GROUP;
+            while (parts < Q && KV * runs * parts < want) parts++;
+            for (int64_t r = t; r < t1; r++)
+                for (int64_t h = g * G; h < (g + 1) * G; h++) { p->qt[nqr] = (int32_t)r; p->qh[nqr] = (int32_t)h; nqr++; }
+            for (int64_t q = 0; q < parts; q++) p->ustart[p->nu++] = (int32_t)(nqr - Q + q * Q / parts);
+            t = t1;
+        }
+    p->ustart[p->nu] = (int32_t)nqr;
+    return 0;
+}
+
 /* Every row's every head: row t's head h reads its query at qkv + t nq + h hd and the keys keys[key_off[t] ..
    key_off[t + 1]) of its slot (slot NULL: every row in slot 0) in K, V ([slots, KV, cap, hd] of one layer), and
    writes att + (t H + h) hd; scores: `stride` floats per (t, h). On 512-bit vectors a kv head's queries from one
-   sequence go in groups (attend_group_512; a row's heads together, rows in order), at most GROUP to a group and at
-   least two groups a thread; elsewhere one query at a time. Either way each query's bits are attend's. Returns 0,
-   or -1 when out of memory. */
-static int attend_all(const Dims *dm, const float *qkv, int64_t nq, int64_t T, const float *K, const float *V,
-                      int64_t cap, const int32_t *slot, const int32_t *key_off, const int32_t *keys, float *scores,
-                      int64_t stride, float *att, int vec) {
+   sequence go in the plan's groups (attend_group_512; a row's heads together, rows in order); elsewhere one query
+   at a time. Either way each query's bits are attend's. */
+static void attend_all(const Dims *dm, const AttendPlan *plan, const float *qkv, int64_t nq, int64_t T, const float *K,
+                       const float *V, int64_t cap, const int32_t *slot, const int32_t *key_off, const int32_t *keys,
+                       float *scores, int64_t stride, float *att, int vec) {
     const int64_t H = dm->heads, KV = dm->kv_heads, hd = dm->head_dim, G = H / KV;
 #ifdef __x86_64__
     if (vec == 3) {
-        /* groups: (kv head, run of rows in one slot, a share of those rows' heads); query i is row qt[i]'s head
-           qh[i]; group u holds queries ustart[u] .. ustart[u + 1] - 1 */
-        int32_t *qt = malloc(sizeof(int32_t) * (size_t)(T * H)), *qh = malloc(sizeof(int32_t) * (size_t)(T * H));
-        int32_t *ustart = malloc(sizeof(int32_t) * (size_t)(T * H + 1));
-        if (!qt || !qh || !ustart) { free(qt); free(qh); free(ustart); return -1; }
-        int64_t runs = 0;
-        for (int64_t t = 0; t < T; t++) runs += t == 0 || (slot && slot[t] != slot[t - 1]);
-        const int64_t want = 2 * (int64_t)omp_get_max_threads();
-        int64_t nu = 0, nqr = 0;
-        for (int64_t g = 0; g < KV; g++)
-            for (int64_t t = 0; t < T;) {
-                int64_t t1 = t + 1;
-                while (t1 < T && slot && slot[t1] == slot[t]) t1++;
-                const int64_t Q = (t1 - t) * G;
-                int64_t parts = (Q + GROUP - 1) / GROUP;
-                while (parts < Q && KV * runs * parts < want) parts++;
-                for (int64_t r = t; r < t1; r++)
-                    for (int64_t h = g * G; h < (g + 1) * G; h++) { qt[nqr] = (int32_t)r; qh[nqr] = (int32_t)h; nqr++; }
-                for (int64_t p = 0; p < parts; p++) ustart[nu++] = (int32_t)(nqr - Q + p * Q / parts);
-                t = t1;
-            }
-        ustart[nu] = (int32_t)nqr;
+        const int32_t *qt = plan->qt, *qh = plan->qh, *ustart = plan->ustart;
 #pragma omp parallel for schedule(static)
-        for (int64_t u = 0; u < nu; u++) {
+        for (int64_t u = 0; u < plan->nu; u++) {
             const float *q[GROUP];
             const int32_t *pos[GROUP];
             int64_t n[GROUP];
@@ -229,8 +247,7 @@ static int attend_all(const Dims *dm, const float *qkv, int64_t nq, int64_t T, c
             const int64_t t0 = qt[ustart[u]], g = ((slot ? slot[t0] : 0) * KV + qh[ustart[u]] / G) * cap * hd;
             attend_group_512(M, q, K + g, V + g, pos, n, hd, dm->scale, sc, o);
         }
-        free(qt); free(qh); free(ustart);
-        return 0;
+        return;
     }
 #endif
     /* a head's rows in a row on one thread, so the keys they share stay in cache */
@@ -241,7 +258,6 @@ static int attend_all(const Dims *dm, const float *qkv, int64_t nq, int64_t T, c
             attend(qkv + t * nq + h * hd, K + g, V + g, keys + key_off[t], key_off[t + 1] - key_off[t], hd,
                    dm->scale, scores + (t * H + h) * stride, att + t * H * hd + h * hd, vec);
         }
-    return 0;
 }
 
 /* x [T, d] in/out (the embeddings in, the last layer's output out). w: per layer 4 packed matrices (q|k|v [H+2KV
@@ -264,6 +280,8 @@ int llama_forward(const Dims *dm, int64_t n_layers, const Mat *w, const float *c
     ok = ok && scores;
     int64_t n_cap = 0;
     const int vec = vector_path(dm->path);
+    AttendPlan plan = {0};
+    ok = ok && attend_plan(dm, T, slot, vec, &plan) == 0;
     for (int64_t l = 0; ok && l < n_layers; l++) {
         float *K = kc + l * slots * KV * cap * hd, *V = vc + l * slots * KV * cap * hd;   /* layer l, slot 0 */
         double t0 = now();
@@ -285,7 +303,7 @@ int llama_forward(const Dims *dm, int64_t n_layers, const Mat *w, const float *c
             }
         }
         double t3 = now();
-        ok = attend_all(dm, wk.qkv, nq, T, K, V, cap, slot, key_off, keys, scores, most_keys + 1, wk.att, vec) == 0;
+        attend_all(dm, &plan, wk.qkv, nq, T, K, V, cap, slot, key_off, keys, scores, most_keys + 1, wk.att, vec);
         double t4 = now();
         product(&w[4 * l + 1], wk.att, T, H * hd, wk.tmp, &wk, dm->path);
         for (int64_t i = 0; i < T * d; i++) x[i] = x[i] + wk.tmp[i];
@@ -303,6 +321,7 @@ int llama_forward(const Dims *dm, int64_t n_layers, const Mat *w, const float *c
         prof[P_NORM] += t1 - t0; prof[P_QKV] += t2 - t1; prof[P_ROPE] += t3 - t2; prof[P_ATTN] += t4 - t3;
         prof[P_O] += t5 - t4; prof[P_MLP_IN] += t6 - t5; prof[P_SWIGLU] += t7 - t6; prof[P_DOWN] += t8 - t7;
     }
+    attend_plan_free(&plan);
     work_free(&wk);
     free(scores);
     return ok ? 0 : -1;
