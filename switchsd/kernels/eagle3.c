@@ -58,7 +58,7 @@ int eagle3_step(const Dims *dm, const uint8_t *const *w, const float *const *nor
         attend_plan_free(&plan);
         product8(w[1], wk.att, T, d, H * hd, wk.tmp, &wk, dm->path);
         for (int64_t i = 0; i < T * d; i++) out[i] = h[i] + wk.tmp[i];
-        for (int64_t t = 0; t < T; t++) rms(out + t * d, norms[2], d, dm->eps, wk.h + t * d);
+        rms_many(out, T, d, norms[2], d, dm->eps, wk.h, vec);
         product8(w[2], wk.h, T, 2 * I, d, wk.gu, &wk, dm->path);
         for (int64_t t = 0; t < T; t++) swiglu(wk.gu + t * 2 * I, wk.gu + t * 2 * I + I, I, wk.act + t * I, vec);
         product8(w[3], wk.act, T, d, I, wk.tmp, &wk, dm->path);

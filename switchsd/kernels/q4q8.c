@@ -131,9 +131,10 @@ static void quantize_row_avx2(const float *x, int64_t k, int8_t *q8, float *dx, 
 static int have_avx2(void);
 
 void q4q8_quantize(const float *x, int64_t rows, int64_t k, int8_t *q8, float *dx, float *sx) {
+    const int avx2 = have_avx2();
     for (int64_t r = 0; r < rows; r++) {
 #ifdef __x86_64__
-        if (have_avx2()) { quantize_row_avx2(x + r * k, k, q8 + r * k, dx + r * (k / QK), sx + r * (k / QK)); continue; }
+        if (avx2) { quantize_row_avx2(x + r * k, k, q8 + r * k, dx + r * (k / QK), sx + r * (k / QK)); continue; }
 #endif
         quantize_row(x + r * k, k, q8 + r * k, dx + r * (k / QK), sx + r * (k / QK));
     }

@@ -82,8 +82,8 @@ static void swiglu_portable(const float *g, const float *u, int64_t n, float *ac
 }
 
 #ifdef __x86_64__
-/* The vector versions: the very operations above, 8 or 16 lanes at a time (lane j of `dot8` is acc[j]; the tree is
-   the same), so they return the portable versions' bits. */
+/* The vector versions: the very operations above, 8 or 16 lanes at a time, so they return the portable versions'
+   bits. */
 #define EXP_LANES(V, P, I, CAST)                                                                                       \
     x = P##_max_ps(P##_min_ps(x, P##_set1_ps(88.0f)), P##_set1_ps(-87.3f));                                            \
     const V magic = P##_set1_ps(12582912.0f);                                                                          \
