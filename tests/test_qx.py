@@ -53,6 +53,25 @@ def test_product_equals_reference_and_one_row_calls(kind, tiles_from_one_row):
     assert np.abs(want - exact).max() < 0.05 * scale             # activation rounding only
 
 
+@pytest.mark.parametrize("kind", sorted(qx.TYPES))
+def test_largest_codes_and_activations_keep_exact_sums(kind):
+    """Every code at its largest and every activation at +-127: the integer block sums at their bound (the AVX2
+    path adds pair sums in int16 before widening them) still equal the reference on every path."""
+    flags = qx.TYPES[kind][0]
+    b = qx.blocks(random_blocks(kind, 16, 512, seed=6), kind)
+    b["codes"] = np.full_like(b["codes"], 63 if flags & qx.SUB16 else 31 if flags & qx.HIGH else 15)
+    x = torch.ones(4, 512)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    x[3] = torch.linspace(-1, 1, 512)
+    want = qx.reference(b["codes"], b["dw"], b["mw"], flags, x.numpy())
+    for path in available_paths():
+        for as_bytes in (False, True) if flags & qx.SUPER else (False,):
+            lin = qx.QxLinear(b, flags | (qx.BYTES if as_bytes else 0), path)
+            assert np.array_equal(lin(x).numpy(), want), (kind, path, as_bytes)
+            assert torch.equal(torch.cat([lin(x[r:r + 1]) for r in range(4)]), lin(x))
+
+
 def test_fused_parts_keep_each_outputs_arithmetic():
     a, b = qx.gguf_linear(random_blocks("Q4_K", 16, 256, 3), "Q4_K"), qx.gguf_linear(random_blocks("Q4_K", 8, 256, 4), "Q4_K")
     c = qx.gguf_linear(random_blocks("Q6_K", 8, 256, 5), "Q6_K")

@@ -86,12 +86,14 @@ static void work_free(Work *wk) {
 #include "rowwise.c"           /* rms, rotate, exp_poly, swiglu: one row (or head) at a time */
 
 /* q4q8.c's Q4 and Q8_0 layouts are qx.c's kinds QX_MINS and QX_Q8 with the same arithmetic: on 512-bit vectors they
-   run through qx.c's pair kernel (an even number of column groups). */
+   run through qx.c's pair kernel (an even number of column groups), Q4 on AVX2 through qx.c's AVX2 kernel. */
 static int wide512(int64_t n, int path) {
     return (n / GROUP_COLS) % 2 == 0 && (path == 0 || path >= 4) && have_vnni512();
 }
-static int via_qx512(const Mat *m, int p, int path) {
-    return (m->kind[p] == KIND_Q4Q8 || m->kind[p] == KIND_Q8) && wide512(m->n[p], path);
+/* the qx.c path a part of q4q8.c's layouts runs on, 0 for its own kernel */
+static int via_qx(const Mat *m, int p, int path) {
+    if ((m->kind[p] == KIND_Q4Q8 || m->kind[p] == KIND_Q8) && wide512(m->n[p], path)) return 4;
+    return m->kind[p] == KIND_Q4Q8 && choose(path) == 2 ? 2 : 0;
 }
 
 /* The attention and SwiGLU path for a product path: 3 = 512-bit attention (path 0 or a 512-bit product path, where
@@ -101,9 +103,10 @@ static int vector_path(int path) {
 }
 
 static void part_product(const Mat *m, int p, const float *x, int64_t rows, int64_t k, float *y, Work *wk, int path) {
-    if (via_qx512(m, p, path))
+    const int qxp = via_qx(m, p, path);
+    if (qxp)
         qx_matmul_quantized(m->w[p], m->kind[p] == KIND_Q8 ? QX_Q8 : QX_MINS, wk->q8, wk->dx, wk->sx, wk->qs, rows,
-                            m->n[p], k, y, 4);
+                            m->n[p], k, y, qxp);
     else if (m->kind[p] <= KIND_F16) f16_matmul((const uint16_t *)m->w[p], m->kind[p] == KIND_BF16, x, rows, m->n[p], k, y, path);
     else if (m->kind[p] == KIND_Q4Q8) q4q8_matmul_quantized(m->w[p], wk->q8, wk->dx, wk->sx, rows, m->n[p], k, y, path);
     else if (m->kind[p] == KIND_Q8) q8_matmul_quantized(m->w[p], wk->q8, wk->dx, rows, m->n[p], k, y, path);
@@ -116,7 +119,7 @@ static void product(const Mat *m, const float *x, int64_t rows, int64_t k, float
     int quantised = 0, sums = 0;
     for (int p = 0; p < m->parts; p++) {
         quantised |= m->kind[p] > KIND_F16;
-        sums |= m->kind[p] >= 0 || via_qx512(m, p, path);
+        sums |= m->kind[p] >= 0 || via_qx(m, p, path);
     }
     if (quantised) q4q8_quantize(x, rows, k, wk->q8, wk->dx, wk->sx);
     if (sums) qx_sums(wk->q8, rows, k, wk->qs);

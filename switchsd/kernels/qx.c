@@ -245,49 +245,6 @@ static inline __m256 qx_accumulate(__m256 acc, const __m256i s32[2], const __m25
     return acc;
 }
 
-/* AVX2: 8 outputs x up to ROWS rows per pass; each vpmaddubsw widened to int32 at once (6-bit codes would overflow
-   int16 sums over a block). */
-__attribute__((target("avx2,fma,f16c"), always_inline))
-static inline void qx_avx2_rows(const uint8_t *w, int64_t nb, int kind, const int8_t *q8, const float *dx,
-                                const float *sx, const int32_t *qs16, int64_t rows, int64_t k, float *y, int64_t n,
-                                const int HIGH, const int SUB16, const int MINS, const int SUPER, const int BYTES) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    const int64_t off = kind >> 8;
-    for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
-        int nr = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
-        __m256 acc[ROWS];
-        for (int i = 0; i < ROWS; i++) acc[i] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = w + qx_block_at(kind, b);
-            const uint8_t *hdr = w + qx_block_at(kind, b - b % SUPER_BLOCKS) - qx_header_bytes(kind);
-            __m256i s32[ROWS][2];
-            for (int i = 0; i < ROWS; i++) s32[i][0] = s32[i][1] = _mm256_setzero_si256();
-            for (int h = 0; h < 4; h++) {
-                __m256i lo, hi;
-                qx_codes(blk, h, HIGH, BYTES, &lo, &hi);
-                const int half = SUB16 && h >= 2;
-                for (int i = 0; i < nr; i++) {
-                    const int8_t *xq = q8 + (r0 + i) * k + b * QK + 8 * h;
-                    int32_t a, c;
-                    memcpy(&a, xq, 4);
-                    memcpy(&c, xq + 4, 4);
-                    __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)),
-                                                   _mm256_maddubs_epi16(hi, _mm256_set1_epi32(c)));
-                    s32[i][half] = _mm256_add_epi32(s32[i][half], _mm256_madd_epi16(p16, ones));
-                }
-            }
-            __m256 dw[2], mw = _mm256_setzero_ps();
-            qx_scale_vectors(blk, hdr, HIGH, SUB16, MINS, SUPER, BYTES, dw, &mw);
-            for (int i = 0; i < nr; i++) {
-                int64_t at = (r0 + i) * nb + b;
-                acc[i] = qx_accumulate(acc[i], s32[i], dw, mw, dx[at], sx[at], qs16 + (r0 + i) * (k / 16) + 2 * b, off,
-                                       SUB16, MINS);
-            }
-        }
-        for (int i = 0; i < nr; i++) _mm256_storeu_ps(y + (r0 + i) * n, acc[i]);
-    }
-}
-
 /* AVX-512 VNNI: R rows (a compile-time constant) per pass; vpdpbusd sums 4 products straight into int32. */
 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"), always_inline))
 static inline void qx_vnni_rows(const uint8_t *w, int64_t nb, int kind, const int8_t *q8, const float *dx,
@@ -324,6 +281,9 @@ static inline void qx_vnni_rows(const uint8_t *w, int64_t nb, int kind, const in
     for (int i = 0; i < R; i++) _mm256_storeu_ps(y + i * n, acc[i]);
 }
 
+/* the kinds in use, each as a case of a switch on kind & 31: Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, the K types as bytes */
+#define QX_KINDS(SETS) case 17: SETS(17) case 21: SETS(21) case 12: SETS(12) case 13: SETS(13) case 11: SETS(11) \
+                       case 28: SETS(28) case 29: SETS(29) case 27: SETS(27)
 #define QX_ARGS(r) w, nb, kind, q8 + (r) * k, dx + (r) * nb, sx + (r) * nb, qs16 + (r) * (k / 16)
 #define QX_SETS(F)                                                                                               \
     for (; r + 8 <= rows; r += 8) qx_vnni_rows(QX_ARGS(r), k, yg + r * n, n, 8, F & 1, F & 2, F & 4, F & 8, F & 16);     \
@@ -337,15 +297,8 @@ static void qx_group_vnni(const uint8_t *w, int64_t nb, int kind, const int8_t *
                           const int32_t *qs16, int64_t rows, int64_t k, float *y, int64_t n, int64_t g) {
     int64_t r = 0;
     float *yg = y + g * GROUP_COLS;
-    switch (kind & 31) {          /* the types in use: Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (and as bytes) */
-        case 17: QX_SETS(17)
-        case 21: QX_SETS(21)
-        case 12: QX_SETS(12)
-        case 13: QX_SETS(13)
-        case 11: QX_SETS(11)
-        case 28: QX_SETS(28)
-        case 29: QX_SETS(29)
-        case 27: QX_SETS(27)
+    switch (kind & 31) {
+        QX_KINDS(QX_SETS)
         default: qx_group_scalar(w, nb, kind, q8, dx, sx, qs16, rows, k, y, n, g);
     }
 }
@@ -544,36 +497,14 @@ static int qx_pair_vnni512(const uint8_t *w, int64_t B, int64_t nb, int kind, co
     switch (kind & 63) {          /* also q4q8.c's layouts: Q4_0 / Q4_1 (4: mins, nibbles), Q8_0 (48) */
         case 4: QX_SETS512(4)
         case 48: QX_SETS512(48)
-        case 17: QX_SETS512(17)
-        case 21: QX_SETS512(21)
-        case 12: QX_SETS512(12)
-        case 13: QX_SETS512(13)
-        case 11: QX_SETS512(11)
-        case 28: QX_SETS512(28)
-        case 29: QX_SETS512(29)
-        case 27: QX_SETS512(27)
+        QX_KINDS(QX_SETS512)
         default: return 0;
     }
 }
 
 #include "qx_amx.c"                 /* path 5: the pair kernel's integer sums on AMX tiles */
 
-#define QX_AVX2(F) qx_avx2_rows(w, nb, kind, q8, dx, sx, qs16, rows, k, y + g * GROUP_COLS, n, F & 1, F & 2, F & 4, F & 8, F & 16); break;
-__attribute__((target("avx2,fma,f16c")))
-static void qx_group_avx2(const uint8_t *w, int64_t nb, int kind, const int8_t *q8, const float *dx, const float *sx,
-                          const int32_t *qs16, int64_t rows, int64_t k, float *y, int64_t n, int64_t g) {
-    switch (kind & 31) {
-        case 17: QX_AVX2(17)
-        case 21: QX_AVX2(21)
-        case 12: QX_AVX2(12)
-        case 13: QX_AVX2(13)
-        case 11: QX_AVX2(11)
-        case 28: QX_AVX2(28)
-        case 29: QX_AVX2(29)
-        case 27: QX_AVX2(27)
-        default: qx_group_scalar(w, nb, kind, q8, dx, sx, qs16, rows, k, y, n, g);
-    }
-}
+#include "qx_avx2.c"                /* path 2: AVX2 without VNNI */
 #endif
 
 /* Activations already quantised (q8, dx, sx from q4q8_quantize; qs16 from qx_sums). Returns the path used. */
