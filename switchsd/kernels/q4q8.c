@@ -31,6 +31,9 @@ vector is 4 consecutive codes of one output, which vpmaddubsw multiplies by 4 br
 #define QK 32
 #define GROUP_COLS 8
 #define BLOCK_BYTES (QK * GROUP_COLS / 2 + 2 * GROUP_COLS * 2)   /* 128 codes + 16 dw + 16 mw = 160 */
+#ifndef PREFETCH
+#define PREFETCH 16384              /* bytes ahead of the block being read: more misses in flight than the streamer */
+#endif
 
 static inline float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
@@ -374,35 +377,48 @@ static void q8_group_scalar(const uint8_t *w, int64_t nb, const int8_t *q8, cons
 }
 
 #ifdef __x86_64__
+/* AVX2: R rows (a compile-time constant, 1 to 4) a pass; per block the 8 code vectors loaded and made |w| once,
+   then row by row (few registers a row: nothing spilled). */
+__attribute__((target("avx2,fma,f16c"), always_inline))
+static inline void q8_avx2_rows(const uint8_t *w, int64_t nb, const int8_t *q8, const float *dx, int64_t k, float *y,
+                                int64_t n, const int R) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[ROWS];
+    for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * Q8_BLOCK_BYTES;
+        for (int p = 0; p < Q8_BLOCK_BYTES; p += 64) _mm_prefetch((const char *)(blk + PREFETCH + p), _MM_HINT_T0);
+        __m256i wv[8], aw[8];
+        for (int t = 0; t < 8; t++) {
+            wv[t] = _mm256_loadu_si256((const __m256i *)(blk + 32 * t));
+            aw[t] = _mm256_sign_epi8(wv[t], wv[t]);                           /* |w| (w >= -127 in Q8_0) */
+        }
+        __m256 dwv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 256)));
+        for (int i = 0; i < R; i++) {
+            __m256i s32 = _mm256_setzero_si256();
+            for (int t = 0; t < 8; t++) {
+                int32_t a;
+                memcpy(&a, q8 + i * k + b * QK + 4 * t, 4);
+                __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(a), wv[t]);    /* x with w's sign */
+                s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[t], sx), ones));
+            }
+            __m256 dd = _mm256_mul_ps(dwv, _mm256_set1_ps(dx[i * nb + b]));
+            acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(s32)));
+        }
+    }
+    for (int i = 0; i < R; i++) _mm256_storeu_ps(y + i * n, acc[i]);
+}
+
 __attribute__((target("avx2,fma,f16c")))
 static void q8_group_avx2(const uint8_t *w, int64_t nb, const int8_t *q8, const float *dx, int64_t rows,
                           int64_t k, float *y, int64_t n, int64_t g) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
-        int nr = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
-        __m256 acc[ROWS];
-        for (int i = 0; i < ROWS; i++) acc[i] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = w + b * Q8_BLOCK_BYTES;
-            __m256i s32[ROWS];
-            for (int i = 0; i < ROWS; i++) s32[i] = _mm256_setzero_si256();
-            for (int t = 0; t < 8; t++) {
-                __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + 32 * t));
-                __m256i aw = _mm256_sign_epi8(wv, wv);                         /* |w| (w >= -127 in Q8_0) */
-                for (int i = 0; i < nr; i++) {
-                    int32_t a;
-                    memcpy(&a, q8 + (r0 + i) * k + b * QK + 4 * t, 4);
-                    __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(a), wv);   /* x with w's sign */
-                    s32[i] = _mm256_add_epi32(s32[i], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones));
-                }
-            }
-            __m256 dwv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 256)));
-            for (int i = 0; i < nr; i++) {
-                __m256 dd = _mm256_mul_ps(dwv, _mm256_set1_ps(dx[(r0 + i) * nb + b]));
-                acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(s32[i])));
-            }
-        }
-        for (int i = 0; i < nr; i++) _mm256_storeu_ps(y + (r0 + i) * n + g * GROUP_COLS, acc[i]);
+    int64_t r = 0;
+    float *yg = y + g * GROUP_COLS;
+    for (; r + 4 <= rows; r += 4) q8_avx2_rows(w, nb, q8 + r * k, dx + r * nb, k, yg + r * n, n, 4);
+    switch (rows - r) {
+        case 3: q8_avx2_rows(w, nb, q8 + r * k, dx + r * nb, k, yg + r * n, n, 3); break;
+        case 2: q8_avx2_rows(w, nb, q8 + r * k, dx + r * nb, k, yg + r * n, n, 2); break;
+        case 1: q8_avx2_rows(w, nb, q8 + r * k, dx + r * nb, k, yg + r * n, n, 1); break;
     }
 }
 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"), always_inline))

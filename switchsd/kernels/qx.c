@@ -32,9 +32,6 @@ dw = d * sc and mw = -dmin * m, computed in float32 where used (exact: the same 
 #define QX_SIGNED 32                /* bytes as signed codes, read as code + 128 (off 128): Q8_0's blocks, 512-bit only */
 #define QX_Q8 (QX_BYTES | QX_SIGNED | 128 << 8)    /* q4q8.c's Q8_0 layout, its arithmetic */
 #define SUPER_BLOCKS 8
-#ifndef PREFETCH
-#define PREFETCH 16384              /* bytes ahead of the block being read: more misses in flight than the streamer */
-#endif
 
 /* bytes of one block's codes and scales; the K types' super-block header is apart (qx_header_bytes) */
 static inline int64_t qx_code_bytes(int kind) {
