@@ -180,21 +180,19 @@ static void qx_group_scalar(const uint8_t *w, int64_t nb, int kind, const int8_t
 }
 
 #ifdef __x86_64__
-/* A block's scales for the 8 outputs as float32 vectors (dw[j] per sub-block, mw): exactly qx_scales'. */
+/* A block's scales for the 8 outputs as float32 vectors, exactly qx_scales': dw[j] per sub-block, mw (d, nd: the K
+   types' super-block d and -dmin, as qx_scale_vectors reads them; unused otherwise). */
 __attribute__((target("avx2,fma,f16c"), always_inline))
-static inline void qx_scale_vectors(const uint8_t *blk, const uint8_t *hdr, const int HIGH, const int SUB16,
-                                    const int MINS, const int SUPER, const int BYTES, __m256 dw[2], __m256 *mw) {
+static inline void qx_block_scales256(const uint8_t *blk, __m256 d, __m256 nd, const int HIGH, const int SUB16,
+                                      const int MINS, const int SUPER, const int BYTES, __m256 dw[2], __m256 *mw) {
     const int64_t subs = SUB16 ? 2 : 1, at = BYTES ? 256 : HIGH ? 192 : 128;
     if (SUPER) {
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hdr));
         for (int j = 0; j < subs; j++) {
             __m128i raw = _mm_loadl_epi64((const __m128i *)(blk + at + 8 * j));
             __m256i sc = SUB16 ? _mm256_cvtepi8_epi32(raw) : _mm256_cvtepu8_epi32(raw);
             dw[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
         }
         if (MINS) {
-            const __m256 nd = _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hdr + 16))),
-                                            _mm256_set1_ps(-0.0f));
             __m128i raw = _mm_loadl_epi64((const __m128i *)(blk + at + 8 * subs));
             *mw = _mm256_mul_ps(nd, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(raw)));
         }
@@ -202,6 +200,18 @@ static inline void qx_scale_vectors(const uint8_t *blk, const uint8_t *hdr, cons
         for (int j = 0; j < subs; j++) dw[j] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + at + 16 * j)));
         if (MINS) *mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + at + 16 * subs)));
     }
+}
+
+/* The same from the block's super-block header (hdr), for a block read on its own. */
+__attribute__((target("avx2,fma,f16c"), always_inline))
+static inline void qx_scale_vectors(const uint8_t *blk, const uint8_t *hdr, const int HIGH, const int SUB16,
+                                    const int MINS, const int SUPER, const int BYTES, __m256 dw[2], __m256 *mw) {
+    __m256 d = _mm256_setzero_ps(), nd = _mm256_setzero_ps();
+    if (SUPER) {
+        d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hdr));
+        if (MINS) nd = _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hdr + 16))), _mm256_set1_ps(-0.0f));
+    }
+    qx_block_scales256(blk, d, nd, HIGH, SUB16, MINS, SUPER, BYTES, dw, mw);
 }
 
 /* A block's codes, vector h (0..3): lo, hi the codes at k = 8h + j and 8h + 4 + j (j = 0..3) of the 8 outputs. */

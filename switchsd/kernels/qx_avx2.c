@@ -10,27 +10,6 @@ qx_accumulate's, in its order: the same bits as every other path. */
 /* a sub-block's code vectors added in int16 before widening */
 #define QX_SPAN(HIGH, SUB16) (!(HIGH) ? 4 : (SUB16) ? 1 : 2)
 
-/* The scales of a block (qx_scale_vectors' operations; d, nd: the super-block's d and -dmin, K types only). */
-__attribute__((target("avx2,fma,f16c"), always_inline))
-static inline void qx_block_scales256(const uint8_t *blk, __m256 d, __m256 nd, const int HIGH, const int SUB16,
-                                      const int MINS, const int SUPER, const int BYTES, __m256 dw[2], __m256 *mw) {
-    const int64_t subs = SUB16 ? 2 : 1, at = BYTES ? 256 : HIGH ? 192 : 128;
-    if (SUPER) {
-        for (int j = 0; j < subs; j++) {
-            __m128i raw = _mm_loadl_epi64((const __m128i *)(blk + at + 8 * j));
-            __m256i sc = SUB16 ? _mm256_cvtepi8_epi32(raw) : _mm256_cvtepu8_epi32(raw);
-            dw[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
-        }
-        if (MINS) {
-            __m128i raw = _mm_loadl_epi64((const __m128i *)(blk + at + 8 * subs));
-            *mw = _mm256_mul_ps(nd, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(raw)));
-        }
-    } else {
-        for (int j = 0; j < subs; j++) dw[j] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + at + 16 * j)));
-        if (MINS) *mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + at + 16 * subs)));
-    }
-}
-
 /* float(s - QX_MAGIC) for sums started at QX_MAGIC (qx.c: exact while |sum| < 2^22) */
 __attribute__((target("avx2,fma,f16c"), always_inline))
 static inline __m256 qx_magic256(__m256i s) {
