@@ -119,7 +119,7 @@ static void product(const Mat *m, const float *x, int64_t rows, int64_t k, float
     int quantised = 0, sums = 0;
     for (int p = 0; p < m->parts; p++) {
         quantised |= m->kind[p] > KIND_F16;
-        sums |= m->kind[p] >= 0 || via_qx(m, p, path);
+        sums |= m->kind[p] >= 0 || (m->kind[p] == KIND_Q8 && via_qx(m, p, path));   /* Q4 (QX_MINS) reads none */
     }
     if (quantised) q4q8_quantize(x, rows, k, wk->q8, wk->dx, wk->sx);
     if (sums) qx_sums(wk->q8, rows, k, wk->qs);
